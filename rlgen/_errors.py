@@ -1,0 +1,135 @@
+"""The exception tree: every error rlgen raises on purpose is one of these.
+
+    RlgenError
+    ├── ModelError                  a model could not be resolved or prepared
+    ├── EngineError                 the server an Engine owns or talks to
+    │   ├── ServerStartupError      the server failed while starting (exit code, log tail, hint)
+    │   │   └── ServerStartupTimeout    ... or did not become healthy in `startup_timeout`
+    │   ├── ServerDiedError         the server died after it was ready
+    │   └── EngineClosedError       the Engine was used after close()
+    └── RequestError                one HTTP request to the server
+        ├── ServerRequestError      the server answered with an error status (HTTP 4xx/5xx)
+        ├── RequestTimeout          no answer within the client's timeout
+        └── RequestAborted          the request was aborted (Ctrl-C, abort_request)
+
+Messages say what to do next. Exceptions carry their context as attributes, so that a notebook
+user can inspect `err.log_tail` or `err.prompt_index` without parsing text.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EngineClosedError",
+    "EngineError",
+    "ModelError",
+    "RequestAborted",
+    "RequestError",
+    "RequestTimeout",
+    "RlgenError",
+    "ServerDiedError",
+    "ServerRequestError",
+    "ServerStartupError",
+    "ServerStartupTimeout",
+]
+
+
+class RlgenError(Exception):
+    """Base of every error rlgen raises on purpose."""
+
+
+class ModelError(RlgenError):
+    """A model path is missing or invalid, or the default model could not be prepared."""
+
+
+class EngineError(RlgenError):
+    """Something went wrong with the server process an Engine owns or talks to."""
+
+
+class ServerStartupError(EngineError):
+    """The server exited or failed while starting.
+
+    Attributes:
+        exit_code: the process's exit code, or None if it was still running.
+        log_path: the server log file, if any.
+        log_tail: the last lines of that log.
+        hint: a one-line diagnosis matched from the log, or "".
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_code: int | None = None,
+        log_path: str | None = None,
+        log_tail: str = "",
+        hint: str = "",
+    ) -> None:
+        self.exit_code = exit_code
+        self.log_path = log_path
+        self.log_tail = log_tail
+        self.hint = hint
+        parts = [message]
+        if hint:
+            parts.append(f"hint: {hint}")
+        if log_path:
+            parts.append(f"see log at {log_path}")
+        if log_tail:
+            parts.append("last log lines:\n" + log_tail)
+        super().__init__("\n".join(parts))
+
+
+class ServerStartupTimeout(ServerStartupError):
+    """The server did not become healthy within `startup_timeout` seconds."""
+
+
+class ServerDiedError(EngineError):
+    """The server process died after it was ready (exit code and log tail attached)."""
+
+    def __init__(self, message: str, *, exit_code: int | None = None, log_path: str | None = None, log_tail: str = "") -> None:
+        self.exit_code = exit_code
+        self.log_path = log_path
+        self.log_tail = log_tail
+        parts = [message]
+        if log_path:
+            parts.append(f"see log at {log_path}")
+        if log_tail:
+            parts.append("last log lines:\n" + log_tail)
+        super().__init__("\n".join(parts))
+
+
+class EngineClosedError(EngineError):
+    """The Engine was used after `close()`; create a new Engine."""
+
+
+class RequestError(RlgenError):
+    """One request to the server failed.
+
+    Attributes:
+        prompt_index: index of the first prompt of the failing request in the user's input, if known.
+    """
+
+    def __init__(self, message: str, *, prompt_index: int | None = None) -> None:
+        self.prompt_index = prompt_index
+        super().__init__(message)
+
+
+class ServerRequestError(RequestError):
+    """The server answered with an error status.
+
+    Attributes:
+        status: the HTTP status code.
+        body: the server's error text.
+    """
+
+    def __init__(self, message: str, *, status: int, body: str = "", prompt_index: int | None = None) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(message, prompt_index=prompt_index)
+
+
+class RequestTimeout(RequestError):
+    """The server did not answer within the client's timeout (raise `request_timeout=`)."""
+
+
+class RequestAborted(RequestError):
+    """The request was aborted before it finished."""
