@@ -1,0 +1,29 @@
+# Sourced on the GPU machine (see ../shared/gpu/README.md): SGLang launch helpers for the GPU checks.
+# Needs: source /tmp/rlgen-env.sh (PYTHONPATH with SGLang, RLGEN_TEST_MODEL), $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rlgen-extra .whl/*.whl
+  export PYTHONPATH="/tmp/rlgen-extra:$PYTHONPATH"
+fi
+# The bundle has no FA3 kernels: always the triton attention backend there.
+SGLANG_FLAGS=(--attention-backend triton --sampling-backend pytorch)
+
+start_sglang() {  # start_sglang PORT LOG [extra flags...]; sets SGLANG_PID
+  local port=$1 log=$2; shift 2
+  setsid python3 -m sglang.launch_server --model-path "$RLGEN_TEST_MODEL" --host 127.0.0.1 --port "$port" \
+    "${SGLANG_FLAGS[@]}" "$@" >"$log" 2>&1 &
+  SGLANG_PID=$!
+  local t0=$SECONDS
+  until curl -sf "http://127.0.0.1:$port/health_generate" >/dev/null; do
+    if ! kill -0 $SGLANG_PID 2>/dev/null; then echo "sglang died at start"; tail -40 "$log"; return 1; fi
+    if [ $((SECONDS - t0)) -gt 400 ]; then echo "sglang start timed out"; tail -40 "$log"; return 1; fi
+    sleep 1
+  done
+  echo "sglang ready on :$port after $((SECONDS - t0)) s"
+}
+
+stop_sglang() {
+  kill -TERM -- -"$SGLANG_PID" 2>/dev/null; sleep 3; kill -KILL -- -"$SGLANG_PID" 2>/dev/null; wait "$SGLANG_PID" 2>/dev/null
+  return 0
+}
