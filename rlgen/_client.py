@@ -1,0 +1,159 @@
+"""SGLang's native HTTP API, as rlgen uses it.
+
+Owns: the HTTP session to one server (SGLang or rlgen's CPU backend: same wire format), batched
+`/generate` (plain and streamed over SSE), `/abort_request` and the control endpoints, fast JSON
+(orjson) and the mapping of HTTP failures onto rlgen's exceptions. Knows nothing about processes
+(a `on_connection_error` hook lets the owner say "the server died" instead) or about results.
+
+All methods are coroutines that must run on rlgen's background loop (`rlgen._loop`): the aiohttp
+session is bound to the loop it was created on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable
+
+import orjson
+
+from ._errors import RequestError, RequestTimeout, ServerRequestError
+
+__all__ = ["Client"]
+
+
+class Client:
+    """An async client for one server's native API.
+
+    Args:
+        url: base URL, e.g. "http://127.0.0.1:30000".
+        request_timeout: seconds a single request may take before RequestTimeout (None: no limit;
+            /generate requests are long by nature, and Ctrl-C aborts them).
+        on_connection_error: called when the server cannot be reached; may raise a better error
+            (e.g. ServerDiedError with the log tail when the owned process is gone).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        request_timeout: float | None = None,
+        on_connection_error: Callable[[], None] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.request_timeout = request_timeout
+        self._on_connection_error = on_connection_error
+        self._session: Any = None  # aiohttp.ClientSession, created on the loop on first use
+
+    # -- session ---------------------------------------------------------------------------------
+    def _get_session(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            # No connection cap: rlgen bounds concurrency itself (chunks in flight), and a cap here
+            # would silently serialise requests; no total timeout: generation is long by nature.
+            connector = aiohttp.TCPConnector(limit=0, force_close=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10),
+                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    # -- generic requests ------------------------------------------------------------------------
+    async def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        """One request; returns the decoded JSON (or text) body, raises on an error status."""
+        import aiohttp
+
+        session = self._get_session()
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["data"] = orjson.dumps(body)
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        if timeout is not None:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
+        try:
+            async with session.request(method, self.url + path, **kwargs) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise _status_error(path, resp.status, raw)
+                return _decode(raw)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"{method} {path} got no answer in time; raise `request_timeout=`") from None
+        except aiohttp.ClientConnectionError as err:
+            self._connection_failed()
+            raise RequestError(f"cannot reach the server at {self.url} ({err}); is it running?") from err
+
+    async def get(self, path: str, **kwargs: Any) -> Any:
+        return await self.request("GET", path, **kwargs)
+
+    async def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
+        return await self.request("POST", path, body if body is not None else {}, **kwargs)
+
+    def _connection_failed(self) -> None:
+        if self._on_connection_error is not None:
+            self._on_connection_error()
+
+    # -- generation ------------------------------------------------------------------------------
+    async def generate(self, payload: dict[str, Any]) -> Any:
+        """POST /generate; returns SGLang's response (a dict for one prompt, a list for a batch)."""
+        return await self.post("/generate", payload)
+
+    async def generate_stream(self, payload: dict[str, Any]) -> AsyncIterator[Any]:
+        """POST /generate with stream=True; yields each decoded SSE chunk (SGLang's shape)."""
+        import aiohttp
+
+        session = self._get_session()
+        try:
+            async with session.post(
+                self.url + "/generate",
+                data=orjson.dumps({**payload, "stream": True}),
+                headers={"Content-Type": "application/json"},
+            ) as resp:
+                if resp.status >= 400:
+                    raise _status_error("/generate", resp.status, await resp.read())
+                async for line in resp.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    chunk = orjson.loads(data)
+                    if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
+                        raise ServerRequestError(f"/generate stream failed: {chunk['error']}", status=500, body=str(chunk))
+                    yield chunk
+        except asyncio.TimeoutError:
+            raise RequestTimeout("streamed /generate got no answer in time; raise `request_timeout=`") from None
+        except aiohttp.ClientConnectionError as err:
+            self._connection_failed()
+            raise RequestError(f"cannot reach the server at {self.url} ({err}); is it running?") from err
+
+    async def abort(self, rids: list[str] | None = None) -> None:
+        """Abort requests by rid (`rids=None`: every request on the server)."""
+        if rids is None:
+            await self.post("/abort_request", {"abort_all": True}, timeout=30)
+            return
+        await asyncio.gather(*(self.post("/abort_request", {"rid": rid}, timeout=30) for rid in rids))
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")
+
+
+def _status_error(path: str, status: int, raw: bytes) -> ServerRequestError:
+    body = _decode(raw)
+    message = body
+    if isinstance(body, dict):
+        err = body.get("error")
+        message = err.get("message", err) if isinstance(err, dict) else (err or body.get("message") or body)
+    text = str(message)
+    return ServerRequestError(f"{path} failed with HTTP {status}: {text}", status=status, body=text)

@@ -1,0 +1,104 @@
+"""The background event loop, and sync-over-async that works inside Jupyter.
+
+Owns: one long-lived asyncio loop running in a daemon thread (per process, shared by every
+Engine), and `run_sync(coro)`, which runs a coroutine there and blocks the calling thread until it
+is done. Knows nothing about SGLang.
+
+Why: a notebook cell already runs inside the kernel's event loop, so `asyncio.run()` and
+`loop.run_until_complete()` fail there ("This event loop is already running"), and patching asyncio
+globally (`nest_asyncio`) breaks other libraries. A private loop in its own thread never touches
+the caller's loop, works the same from scripts, notebooks, pytest and several threads at once, and
+still works where the user has applied `nest_asyncio` (SGLang's docs tell them to). This is the
+pattern of jupyter_core's `run_sync`.
+
+Ctrl-C: the calling thread waits on a concurrent future, which SIGINT interrupts at once. The task
+on the loop is then cancelled, so that its `finally` blocks (e.g. aborting requests on the server)
+run, and `run_sync` waits briefly for them before re-raising KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import threading
+from typing import Any, Awaitable, Coroutine, TypeVar
+
+__all__ = ["get_loop", "run_sync"]
+
+T = TypeVar("T")
+
+# How long an interrupted call waits for its task's cleanup (e.g. /abort_request) before re-raising.
+CANCEL_GRACE_S = 10.0
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The background loop, started on first use."""
+    global _loop, _thread
+    with _lock:
+        if _loop is None or _loop.is_closed() or _thread is None or not _thread.is_alive():
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+            thread = threading.Thread(target=_run_loop, args=(loop, ready), name="rlgen-loop", daemon=True)
+            thread.start()
+            ready.wait()
+            _loop, _thread = loop, thread
+        return _loop
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    loop.run_forever()
+
+
+def in_loop_thread() -> bool:
+    return _thread is not None and threading.current_thread() is _thread
+
+
+def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T:
+    """Run `coro` on the background loop and return its result, from any non-loop thread.
+
+    Raises whatever the coroutine raises; KeyboardInterrupt cancels the coroutine (its cleanup runs
+    for up to CANCEL_GRACE_S seconds) and is re-raised; `timeout` raises TimeoutError after
+    cancelling likewise.
+    """
+    if in_loop_thread():
+        coro.close()
+        raise RuntimeError("run_sync() was called from rlgen's own loop thread; await the coroutine instead")
+    loop = get_loop()
+    cleaned_up = threading.Event()
+    future = asyncio.run_coroutine_threadsafe(_tracked(coro, cleaned_up), loop)
+    try:
+        return future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        cleaned_up.wait(CANCEL_GRACE_S)
+        raise TimeoutError(f"operation did not finish within {timeout} s") from None
+    except BaseException:  # KeyboardInterrupt (and SystemExit) while waiting
+        if not future.done():
+            future.cancel()
+            cleaned_up.wait(CANCEL_GRACE_S)
+        raise
+
+
+async def _tracked(coro: Awaitable[T], done: threading.Event) -> T:
+    try:
+        return await coro
+    finally:
+        done.set()
+
+
+def _shutdown() -> None:
+    global _loop
+    with _lock:
+        loop, _loop = _loop, None
+    if loop is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+
+
+atexit.register(_shutdown)

@@ -1,0 +1,110 @@
+"""Prompts in, token ids out: the user's prompt forms, normalised and checked before anything is sent.
+
+Owns: recognising the accepted prompt forms (a string, a list of strings, a list of token-id lists,
+one chat conversation or a list of them), rendering chats with the model's chat template,
+tokenizing on the client (so rlgen always knows each prompt's exact token ids, the left half of
+every row's tensors), and the checks that need the tokenizer (vocabulary range, context length).
+Knows nothing about HTTP or results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+__all__ = ["Prompts", "normalize_prompts"]
+
+
+@dataclass
+class Prompts:
+    """Normalised prompts: what to send and what to show."""
+
+    kind: str                    # "text", "ids" or "chat"
+    ids: list[list[int]]         # token ids, exactly what the server gets
+    texts: list[str | None]      # the prompt as text (rendered chat for "chat"; None for "ids")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _kind_of(item: Any) -> str:
+    if isinstance(item, str):
+        return "text"
+    if isinstance(item, dict):
+        return "message"
+    if isinstance(item, (list, tuple)):
+        if item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+            return "ids"
+        if item and all(isinstance(m, dict) for m in item):
+            return "chat"
+        if not item:
+            raise ValueError("a prompt is empty (an empty list of token ids or messages); remove it or give it content")
+    raise TypeError(
+        f"cannot read a prompt of type {type(item).__name__}; pass a string, a list of token ids, "
+        "or a chat as a list of {'role': ..., 'content': ...} messages"
+    )
+
+
+def normalize_prompts(prompts: Any, *, tokenizer: Any, context_length: int | None, max_new_tokens: int) -> Prompts:
+    """Turn the user's `prompts` into token ids, checking them on the way.
+
+    Raises:
+        TypeError: a prompt of an unreadable type, or a mix of prompt forms.
+        ValueError: no prompts, an empty prompt, token ids outside the vocabulary, or a prompt that
+            with `max_new_tokens` does not fit the model's context.
+    """
+    # 1) Recognise the form: one prompt or a list of them.
+    if isinstance(prompts, str):
+        items: Sequence[Any] = [prompts]
+    elif isinstance(prompts, (list, tuple)):
+        if not prompts:
+            raise ValueError("prompts is empty; pass at least one prompt")
+        head = prompts[0]
+        # A list of ints is one prompt of token ids; a list of messages is one chat.
+        single = isinstance(head, dict) or (isinstance(head, int) and not isinstance(head, bool))
+        items = [prompts] if single else prompts
+    else:
+        raise TypeError(f"prompts must be a string or a list, got {type(prompts).__name__}")
+    kinds = {_kind_of(item) for item in items}
+    if len(kinds) > 1:
+        raise TypeError(f"prompts mix forms ({', '.join(sorted(kinds))}); pass one form per call")
+    kind = kinds.pop()
+
+    # 2) Tokenize on the client, in one batched call.
+    if kind == "text":
+        if any(not item for item in items):
+            raise ValueError("a prompt is the empty string; remove it or give it content")
+        texts: list[str | None] = list(items)
+        ids = [list(x) for x in tokenizer(list(items), add_special_tokens=True)["input_ids"]]
+    elif kind == "chat":
+        for conv in items:
+            _check_chat(conv)
+        rendered = tokenizer.apply_chat_template([list(c) for c in items], add_generation_prompt=True, tokenize=False)
+        texts = list(rendered)
+        # The template already contains any BOS: do not add special tokens again.
+        ids = [list(x) for x in tokenizer(list(rendered), add_special_tokens=False)["input_ids"]]
+    else:
+        ids = [list(x) for x in items]
+        texts = [None] * len(ids)
+
+    # 3) Check what the server would reject, naming the prompt.
+    vocab = len(tokenizer)
+    for i, row in enumerate(ids):
+        if not row:
+            raise ValueError(f"prompt {i} has no tokens")
+        if kind == "ids":
+            low, high = min(row), max(row)
+            if low < 0 or high >= vocab:
+                raise ValueError(f"prompt {i} has token id {high if high >= vocab else low} outside the vocabulary [0, {vocab})")
+        if context_length is not None and len(row) + max_new_tokens > context_length:
+            raise ValueError(
+                f"prompt {i} has {len(row)} tokens; with max_new_tokens={max_new_tokens} that exceeds the "
+                f"model's context of {context_length} tokens. Shorten the prompt or lower max_new_tokens."
+            )
+    return Prompts(kind=kind, ids=ids, texts=texts)
+
+
+def _check_chat(conv: Sequence[Any]) -> None:
+    for message in conv:
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise TypeError(f"a chat message must be a dict with 'role' and 'content', got {message!r}")

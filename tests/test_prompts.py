@@ -1,0 +1,64 @@
+"""rlgen._prompts: the accepted prompt forms, tokenized on the client and checked before sending."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgen._prompts import normalize_prompts
+
+
+@pytest.fixture(scope="module")
+def tok(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def norm(prompts, tok, *, context=8192, max_new=16):
+    return normalize_prompts(prompts, tokenizer=tok, context_length=context, max_new_tokens=max_new)
+
+
+def test_a_string_is_one_text_prompt_tokenized_like_the_server_does(tok) -> None:
+    p = norm("Hello world", tok)
+    assert p.kind == "text" and p.texts == ["Hello world"]
+    assert p.ids == [tok("Hello world")["input_ids"]]
+
+
+def test_a_list_of_ints_is_one_prompt_and_a_list_of_lists_is_a_batch(tok) -> None:
+    assert norm([1, 2, 3], tok).ids == [[1, 2, 3]]
+    assert norm([[1, 2], [3]], tok).ids == [[1, 2], [3]]
+    assert norm([[1, 2], [3]], tok).texts == [None, None]
+
+
+def test_chats_are_rendered_with_the_chat_template(tok) -> None:
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    one = norm(chat, tok)
+    two = norm([chat, chat], tok)
+    expected = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert one.kind == "chat" and one.ids == [list(expected)]
+    assert two.ids == [list(expected)] * 2
+    assert one.texts[0].rstrip().endswith("<|im_start|>assistant")
+
+
+@pytest.mark.parametrize("prompts, error, match", [
+    ([], ValueError, "prompts is empty"),
+    ("", ValueError, "empty string"),
+    (["a", [1, 2]], TypeError, "mix forms"),
+    (42, TypeError, "string or a list"),
+    ([3.5], TypeError, "cannot read a prompt"),
+    ([[]], ValueError, "empty"),
+    ([{"content": "no role"}], TypeError, "'role' and 'content'"),
+])
+def test_bad_prompts_raise_before_anything_is_sent(tok, prompts, error, match) -> None:
+    with pytest.raises(error, match=match):
+        norm(prompts, tok)
+
+
+def test_token_ids_outside_the_vocabulary_name_the_prompt(tok) -> None:
+    with pytest.raises(ValueError, match=r"prompt 1 has token id 10000000 outside the vocabulary"):
+        norm([[1, 2], [10_000_000]], tok)
+
+
+def test_a_prompt_that_does_not_fit_the_context_names_the_prompt_and_the_fix(tok) -> None:
+    with pytest.raises(ValueError, match=r"prompt 0 has 100 tokens; with max_new_tokens=30 .* context of 120"):
+        norm([[5] * 100], tok, context=120, max_new=30)
