@@ -1,0 +1,408 @@
+"""Notebook and terminal display: how results and progress look.
+
+Owns: the one-line text summary and the HTML table (with a per-token logprob heatmap) of a
+`Rollouts`, a small HTML card for an Engine, the progress-bar selection layer (tqdm.auto:
+widgets in notebooks, text elsewhere), and `PhaseLine`, the single status line shown while a
+server starts. Knows nothing about generation, HTTP or processes: it reads a `Rollouts` (CPU data
+only, so a repr never touches a GPU) or an Engine's plain attributes, or is told what to show.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import html
+import math
+import os
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from tqdm.std import tqdm as Tqdm
+
+    from ._results import Rollouts
+
+__all__ = [
+    "PhaseLine",
+    "engine_html",
+    "in_notebook",
+    "logprob_color",
+    "progress_bar",
+    "progress_enabled",
+    "rollouts_html",
+    "short_repr",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# text summary
+
+
+def _finish_counts(r: Rollouts) -> list[tuple[str, int]]:
+    counts = r.df["finish_reason"].value_counts(sort=False)
+    return sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _shape_text(r: Rollouts) -> str:
+    n = len(r)
+    per_prompt = r.df["prompt_index"].value_counts()
+    text = f"{n} row{'s' if n != 1 else ''}"
+    if len(per_prompt) and per_prompt.nunique() == 1:
+        text += f" ({len(per_prompt)} prompt{'s' if len(per_prompt) != 1 else ''} x {int(per_prompt.iloc[0])})"
+    elif len(per_prompt):
+        text += f" ({len(per_prompt)} prompts)"
+    return text
+
+
+def short_repr(r: Rollouts) -> str:
+    """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`."""
+    parts = [_shape_text(r), f"{int(r._r_off[-1])} tokens"]
+    finish = _finish_counts(r)
+    if finish:
+        parts.append("finish: " + ", ".join(f"{k} {v}" for k, v in finish))
+    if r.model:
+        parts.append(f"model={r.model}")
+    return f"<Rollouts {' | '.join(parts)}>"
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML table with a logprob heatmap
+
+_PALETTE_STEPS = 11
+_palette: list[str] = []
+
+
+def logprob_color(logprob: float) -> str:
+    """Background colour for a token: green for p=exp(logprob) near 1, through yellow, to red near 0."""
+    if not _palette:  # light tones, so dark text stays readable in light and dark themes alike
+        for step in range(_PALETTE_STEPS):
+            r, g, b = colorsys.hls_to_rgb(step / (_PALETTE_STEPS - 1) / 3, 0.8, 0.75)
+            _palette.append(f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}")
+    if logprob is None or math.isnan(logprob):
+        return "#dddddd"
+    p = math.exp(min(float(logprob), 0.0))
+    return _palette[round(p * (_PALETTE_STEPS - 1))]
+
+
+def _clip(text: Any, limit: int, *, tail: bool = False) -> str:
+    text = "" if text is None else str(text)
+    if len(text) <= limit:
+        return text
+    return "…" + text[-limit:] if tail else text[:limit] + "…"
+
+
+def _fmt(value: Any, limit: int = 60) -> str:
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else f"{value:.4g}"
+    return _clip(value, limit)
+
+
+def _token_labels(r: Rollouts, ids: list[int], texts: list[str | None] | None) -> list[str]:
+    """Per-token labels: server token texts, else `r.decode(ids)`, else the ids themselves."""
+    if texts is None and r.decode is not None and ids:
+        try:  # a repr must never raise: a bad decode just falls back to ids
+            decoded = list(r.decode(list(ids)))
+            texts = decoded if len(decoded) == len(ids) else None
+        except Exception:
+            texts = None
+    if texts is None:
+        return [f"{t} " for t in ids]
+    # Empty pieces (special tokens) would be invisible, hiding exactly the off-by-one we want to see.
+    return [f"⟨{i}⟩" if not t else str(t).replace("\n", "↵\n") for i, t in zip(ids, texts)]
+
+
+def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
+    tok = r.tokens(i)
+    ids = [int(t) for t in tok["ids"][:max_tokens]]
+    texts = tok["texts"][:max_tokens] if tok["texts"] is not None else None
+    labels = _token_labels(r, ids, texts)
+    lps, top_lp, top_ids = tok["logprobs"], tok["top_logprobs"], tok["top_ids"]
+    spans = []
+    for j, (tid, label) in enumerate(zip(ids, labels)):
+        title = f"id {tid}"
+        style = ""
+        if lps is not None:
+            lp = float(lps[j])
+            title += f" | logprob {lp:.4f} (p={math.exp(lp):.3f})" if not math.isnan(lp) else " | logprob n/a"
+            style = f' style="background:{logprob_color(lp)}"'
+        if top_lp is not None and top_ids is not None:
+            alts = ", ".join(f"{int(a)}:{float(b):.2f}" for a, b in zip(top_ids[j], top_lp[j]) if not math.isnan(b))
+            title += f" | top {alts}"
+        spans.append(f'<span{style} title="{html.escape(title)}">{html.escape(label)}</span>')
+    more = len(tok["ids"]) - len(ids)
+    if more > 0:
+        spans.append(f'<span style="color:#888"> … +{more} tokens</span>')
+    if not len(tok["ids"]):
+        spans.append('<span style="color:#888">(empty)</span>')
+    body = "".join(spans)
+    return f'<div style="white-space:pre-wrap;color:#111;line-height:1.5;text-align:left">{body}</div>'
+
+
+def _finish_cell(row: Any) -> str:
+    reason = str(row["finish_reason"])
+    text = reason
+    matched = row["matched_stop"]
+    if matched is not None and not (isinstance(matched, float) and math.isnan(matched)):
+        text += f" ⟨{matched}⟩" if isinstance(matched, (int, float)) else f" {matched!r}"
+    err = row.get("error")
+    if isinstance(err, str) and err:
+        text += f": {_clip(err, 80)}"
+    colour = {"stop": "#2a7", "length": "#c80", "abort": "#c33", "error": "#c33"}.get(reason, "#888")
+    return f'<span style="color:{colour}">{html.escape(text)}</span>'
+
+
+# Jupyter right-aligns table cells by default; token text reads left to right from the top.
+_STYLE = (
+    "<style>.rlgen-rollouts th, .rlgen-rollouts td {text-align:left; vertical-align:top; padding:2px 6px}"
+    "</style>"
+)
+
+
+def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200) -> str:
+    """An HTML summary of `r`: a header line, then the first `max_rows` rows.
+
+    Each completion is drawn token by token, coloured by p = exp(logprob) (hover: id, logprob,
+    top-k); tokens past `max_tokens` and prompt text past `max_chars` are cut. All text is escaped.
+    """
+    from ._results import COLUMNS
+
+    df = r.df
+    shown = df.head(max_rows)
+    extra = [c for c in df.columns if c not in COLUMNS]
+    head = [
+        "row", "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "completion_tokens",
+        "logprob_mean", *extra,
+    ]  # fmt: skip
+    rows_html = []
+    for pos, (_, row) in enumerate(shown.iterrows()):
+        prompt = row["prompt"]
+        if not isinstance(prompt, str):
+            prompt = f"({int(row['prompt_tokens'])} prompt tokens)"
+        cells = [
+            str(pos),
+            str(row["prompt_index"]),
+            str(row["sample_index"]),
+            html.escape(_clip(prompt, max_chars, tail=True)),
+            _completion_cell(r, pos, max_tokens=max_tokens),
+            _finish_cell(row),
+            str(row["completion_tokens"]),
+            _fmt(row["logprob_mean"]),
+            *(html.escape(_fmt(row[c])) for c in extra),
+        ]
+        rows_html.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    header = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    summary = html.escape(short_repr(r)[1:-1])
+    if r._lp is not None:
+        summary += " | colour: p=exp(logprob), green high → red low; hover a token for id and logprob"
+    foot = ""
+    if len(df) > max_rows:
+        foot = (
+            f'<div style="color:#888">showing {max_rows} of {len(df)} rows; '
+            f"use res[i], res[a:b] or res.where(...) to see others</div>"
+        )
+    return (
+        f'<div class="rlgen-rollouts">{_STYLE}<div style="font-family:monospace;margin-bottom:4px">{summary}</div>'
+        f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(rows_html)}</tbody></table>{foot}</div>"
+    )
+
+
+_ENGINE_FIELDS = ("model", "backend", "url", "log_path", "context_length")
+
+
+def engine_html(engine: Any) -> str:
+    """A small HTML card for an Engine: its repr and a few attributes it already holds.
+
+    Reads plain attributes only (never `engine.info`, which polls GPU memory): a repr does no I/O.
+    """
+    rows = []
+    state = getattr(engine, "_state", None)
+    if state is not None:
+        rows.append(("state", getattr(state, "value", state)))
+    for name in _ENGINE_FIELDS:
+        try:
+            value = getattr(engine, name, None)
+        except Exception:  # a property that fails must not break the repr
+            value = None
+        if value is not None:
+            rows.append((name, value))
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_clip(v, 200))}</td></tr>" for k, v in rows)
+    return (
+        f'<div class="rlgen-rollouts">{_STYLE}<div style="font-family:monospace">{html.escape(repr(engine))}</div>'
+        f"<table>{body}</table></div>"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# progress selection
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (the same test tqdm.autonotebook uses)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+        return shell is not None and "IPKernelApp" in shell.config
+    except Exception:
+        return False
+
+
+def _env_true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def progress_enabled(progress: bool | None, *, environ: dict[str, str] | None = None) -> bool:
+    """Resolve `progress=`: True/False win; None (auto) shows unless TQDM_DISABLE is set."""
+    if progress is not None:
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be True, False or None (auto), got {progress!r}")
+        return progress
+    env = os.environ if environ is None else environ
+    return not _env_true(env.get("TQDM_DISABLE"))
+
+
+def progress_bar(
+    *,
+    total: int | None,
+    progress: bool | None = None,
+    desc: str = "",
+    unit: str = "it",
+    file: TextIO | None = None,
+    leave: bool = True,
+) -> Tqdm:
+    """A tqdm bar: a widget in notebooks, text elsewhere, a silent no-op when disabled.
+
+    Advance it per finished request or chunk (never per token). `file` forces a text bar writing
+    there (tests, logs).
+    """
+    if not progress_enabled(progress):
+        from tqdm.std import tqdm
+
+        return tqdm(total=total, disable=True)
+    if file is not None:
+        from tqdm.std import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, file=file, leave=leave, disable=False)
+    from tqdm.auto import tqdm as auto_tqdm
+
+    # disable=False explicitly: progress=True must win over TQDM_DISABLE, which tqdm reads itself.
+    return auto_tqdm(total=total, desc=desc, unit=unit, leave=leave, disable=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# one status line while something starts
+
+
+class PhaseLine:
+    """One status line, rewritten in place, e.g. "server: loading weights (12s)".
+
+    In a notebook it is an HTML display updated through its display id; in a terminal it is one
+    stderr line rewritten with `\\r`. Either way a long startup is one line, not thousands.
+
+    Usage::
+
+        line = PhaseLine("sglang")
+        line.update("loading weights", 3.0)
+        line.close(ok=True)          # "sglang: ready (41s)"
+
+    Args:
+        label: what is starting.
+        show: True/False, or None = auto (off when TQDM_DISABLE is set).
+        mode: "auto" (notebook if in a Jupyter kernel, else terminal), "notebook" or "terminal".
+        file: the terminal stream (default sys.stderr).
+        min_interval_s: rewrites of an unchanged phase are at most this frequent.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        show: bool | None = None,
+        mode: str = "auto",
+        file: TextIO | None = None,
+        min_interval_s: float = 0.25,
+    ) -> None:
+        if mode not in ("auto", "notebook", "terminal"):
+            raise ValueError(f"mode must be 'auto', 'notebook' or 'terminal', got {mode!r}")
+        self.label = label
+        self.enabled = progress_enabled(show)
+        self.mode = ("notebook" if in_notebook() else "terminal") if mode == "auto" else mode
+        self._file = file
+        self._min_interval_s = min_interval_s
+        self._phase = ""
+        self._elapsed = 0.0
+        self._last_write = -math.inf
+        self._width = 0
+        self._handle: Any = None
+        self.closed = False
+
+    def update(self, phase: str, elapsed_s: float) -> None:
+        """Show `phase`, `elapsed_s` seconds after the start."""
+        if self.closed:
+            return
+        changed = phase != self._phase
+        self._phase, self._elapsed = phase, float(elapsed_s)
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not changed and (now - self._last_write < self._min_interval_s or not self._live_terminal()):
+            return  # a log file gets one write per phase, a live terminal a few per second
+        self._last_write = now
+        self._render(f"{self.label}: {phase} ({self._elapsed:.0f}s)", state="running")
+
+    def close(self, ok: bool, message: str | None = None) -> None:
+        """Leave the final state on screen: ready, or failed during the last phase. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.enabled:
+            return
+        if ok:
+            text = f"{self.label}: {message or 'ready'} ({self._elapsed:.0f}s)"
+        else:
+            where = f" during '{self._phase}'" if self._phase else ""
+            text = f"{self.label}: {message or 'failed'}{where} ({self._elapsed:.0f}s)"
+        self._render(text, state="ok" if ok else "failed", final=True)
+
+    def __enter__(self) -> PhaseLine:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.close(ok=exc_type is None)
+
+    # -- rendering ---------------------------------------------------------------------------------
+    def _stream(self) -> TextIO:
+        return self._file if self._file is not None else sys.stderr
+
+    def _live_terminal(self) -> bool:
+        if self.mode == "notebook":
+            return True
+        try:
+            return self._stream().isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    def _render(self, text: str, *, state: str, final: bool = False) -> None:
+        if self.mode == "notebook":
+            self._render_notebook(text, state)
+            return
+        stream = self._stream()
+        # Wrapping would turn the \r rewrite into a new line each time; keep it within the width.
+        width = shutil.get_terminal_size((100, 24)).columns - 1
+        text = text if len(text) <= width else text[: width - 1] + "…"
+        pad = max(0, self._width - len(text))
+        stream.write("\r" + text + " " * pad + ("\n" if final else ""))
+        stream.flush()
+        self._width = len(text)
+
+    def _render_notebook(self, text: str, state: str) -> None:
+        from IPython.display import HTML, display
+
+        icon, colour = {"running": ("⏳", "#555"), "ok": ("✓", "#2a7"), "failed": ("✗", "#c33")}[state]
+        body = HTML(f'<div style="font-family:monospace;color:{colour}">{icon} {html.escape(text)}</div>')
+        if self._handle is None:
+            self._handle = display(body, display_id=True)
+        else:
+            self._handle.update(body)

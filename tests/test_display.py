@@ -1,0 +1,268 @@
+"""Display: the Rollouts HTML table and text repr, progress selection, and the startup PhaseLine."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from rlgen._display import (
+    PhaseLine,
+    engine_html,
+    in_notebook,
+    logprob_color,
+    progress_bar,
+    progress_enabled,
+    rollouts_html,
+)
+from rlgen._results import Rollouts
+
+
+def entry(ids: list[int], *, finish: str = "stop", texts: list[str] | None = None, lp: float = -0.05) -> dict:
+    logprobs = [[lp * (j + 1), t, None if texts is None else texts[j]] for j, t in enumerate(ids)]
+    meta = {
+        "id": "r",
+        "finish_reason": {"type": finish, "matched": None},
+        "completion_tokens": len(ids),
+        "output_token_logprobs": logprobs,
+    }
+    return {"text": "", "output_ids": ids, "meta_info": meta}
+
+
+def make(n_rows: int = 2, **kw) -> Rollouts:
+    return Rollouts.from_responses(
+        [entry([5, 6], **kw) for _ in range(n_rows)],
+        prompt_ids=[[1, 2]] * n_rows,
+        prompt_texts=["say <hi> & bye"] * n_rows,
+        pad_token_id=0,
+        model="tiny",
+    )
+
+
+def body_rows(page: str) -> int:
+    return page.split("<tbody>")[1].count("<tr>")
+
+
+# -- HTML ------------------------------------------------------------------------------------------
+
+
+def test_html_escapes_prompt_and_token_text():
+    page = make(texts=["<script>", "a&b"])._repr_html_()
+    assert "say &lt;hi&gt; &amp; bye" in page
+    assert "&lt;script&gt;" in page and "a&amp;b" in page
+    assert "<script>" not in page and "<hi>" not in page
+
+
+def test_html_caps_rows_and_says_how_many_are_hidden():
+    page = rollouts_html(make(30), max_rows=20)
+    assert body_rows(page) == 20
+    assert "showing 20 of 30 rows" in page
+    assert "showing" not in rollouts_html(make(3), max_rows=20) and body_rows(rollouts_html(make(3))) == 3
+
+
+def test_html_cuts_long_token_runs_and_keeps_the_end_of_long_prompts():
+    res = Rollouts.from_responses(
+        [entry(list(range(10, 60)))], prompt_ids=[[1]], prompt_texts=["x" * 500 + "THE END"], pad_token_id=0
+    )
+    page = rollouts_html(res, max_tokens=10, max_chars=50)
+    assert "+40 tokens" in page and page.count("title=") == 10
+    assert "THE END" in page and "x" * 60 not in page
+
+
+def test_each_token_is_coloured_by_its_logprob_with_id_and_logprob_on_hover():
+    page = make(lp=-1.0)._repr_html_()
+    assert f'style="background:{logprob_color(-1.0)}" title="id 5 | logprob -1.0000 (p=0.368)"' in page
+    assert f'style="background:{logprob_color(-2.0)}" title="id 6 | logprob -2.0000 (p=0.135)"' in page
+
+
+def test_logprob_colour_runs_from_green_for_likely_to_red_for_unlikely_tokens():
+    def rgb(c: str) -> tuple[int, int, int]:
+        return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
+
+    likely, unlikely = rgb(logprob_color(0.0)), rgb(logprob_color(-8.0))
+    assert likely[1] > likely[0] and unlikely[0] > unlikely[1]
+    assert logprob_color(float("nan")) == "#dddddd"
+
+
+def test_tokens_show_ids_without_texts_and_decoded_pieces_with_decode():
+    res = make()
+    assert ">5 </span>" in res._repr_html_()
+    res.decode = lambda ids: [f"tok{i}" for i in ids]
+    page = res._repr_html_()
+    assert ">tok5</span>" in page and ">tok6</span>" in page
+
+
+def test_a_failing_decode_falls_back_to_ids_instead_of_breaking_the_repr():
+    res = make()
+
+    def broken(ids):
+        raise RuntimeError("no tokenizer")
+
+    res.decode = broken
+    assert ">5 </span>" in res._repr_html_()
+
+
+def test_empty_token_texts_are_shown_as_their_id_so_they_stay_visible():
+    assert "⟨6⟩" in make(texts=["a", ""])._repr_html_()
+
+
+def test_html_shows_finish_reason_errors_and_user_columns():
+    res = Rollouts.from_responses(
+        [entry([5]), Rollouts.failed_response("server <gone>")], prompt_ids=[[1], [2]], pad_token_id=0
+    )
+    res.df["reward"] = [0.5, 0.25]
+    page = res._repr_html_()
+    assert "error: server &lt;gone&gt;" in page and "(empty)" in page
+    assert "<th>reward</th>" in page and "<td>0.25</td>" in page
+
+
+def test_html_summary_starts_with_the_one_line_repr():
+    res = make()
+    summary = r"<div[^>]*>Rollouts 2 rows \(2 prompts x 1\) \| 4 tokens \| finish: stop 2 \| model=tiny"
+    assert re.search(summary, res._repr_html_())
+
+
+def test_the_html_repr_does_not_build_tensors():
+    res = make(30)
+    res._repr_html_()
+    repr(res)
+    assert res._cache is None
+
+
+# -- progress --------------------------------------------------------------------------------------
+
+
+def test_progress_false_gives_a_silent_bar():
+    out = io.StringIO()
+    bar = progress_bar(total=3, progress=False, file=out)
+    bar.update(3)
+    bar.close()
+    assert out.getvalue() == "" and bar.disable
+
+
+def test_progress_true_writes_a_text_bar_to_the_given_file():
+    out = io.StringIO()
+    with progress_bar(total=3, progress=True, desc="generate", file=out) as bar:
+        bar.update(3)
+    assert "generate" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_auto_progress_honours_tqdm_disable_but_an_explicit_true_wins(monkeypatch):
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert progress_enabled(None) is False
+    assert progress_enabled(True) is True
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    assert progress_enabled(None) is True
+    assert progress_enabled(None, environ={}) is True
+
+
+def test_progress_rejects_values_other_than_bool_or_none():
+    with pytest.raises(TypeError, match="progress"):
+        progress_enabled("yes")  # type: ignore[arg-type]
+
+
+def test_pytest_is_not_a_notebook():
+    assert in_notebook() is False
+
+
+# -- PhaseLine ---------------------------------------------------------------------------------------
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_phase_line_in_a_terminal_writes_exactly_one_line():
+    out = io.StringIO()
+    line = PhaseLine("sglang", mode="terminal", file=out, show=True)
+    for second in range(2000):
+        line.update("loading weights" if second < 1000 else "capturing cuda graphs", second / 10)
+    line.close(ok=True)
+    text = out.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    assert text.rstrip().split("\r")[-1].strip() == "sglang: ready (200s)"
+    assert text.count("\r") == 3  # not a live terminal: one write per phase, plus the final state
+
+
+def test_phase_line_rewrites_a_live_terminal_in_place_and_erases_longer_text():
+    out = FakeTTY()
+    line = PhaseLine("srv", mode="terminal", file=out, show=True, min_interval_s=0.0)
+    line.update("a much longer phase name", 1)
+    line.update("short", 2)
+    line.update("short", 3)  # elapsed changes are shown on a live terminal
+    segments = out.getvalue().split("\r")[1:]
+    expected = ["srv: a much longer phase name (1s)", "srv: short (2s)", "srv: short (3s)"]
+    assert [s.rstrip() for s in segments] == expected
+    assert len(segments[1]) == len(segments[0])  # padded with spaces over the old text
+    assert "\n" not in out.getvalue()
+
+
+def test_phase_line_failure_names_the_phase_it_failed_in():
+    out = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with PhaseLine("srv", mode="terminal", file=out, show=True) as line:
+            line.update("loading weights", 7)
+            raise RuntimeError("boom")
+    assert out.getvalue().split("\r")[-1].strip() == "srv: failed during 'loading weights' (7s)"
+    assert line.closed
+
+
+def test_phase_line_shows_nothing_when_disabled(monkeypatch):
+    out = io.StringIO()
+    line = PhaseLine("srv", mode="terminal", file=out, show=False)
+    line.update("x", 1)
+    line.close(ok=True)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    auto = PhaseLine("srv", mode="terminal", file=out)
+    auto.update("x", 1)
+    auto.close(ok=False)
+    assert out.getvalue() == ""
+
+
+def test_phase_line_in_a_notebook_updates_one_display_in_place(monkeypatch):
+    import IPython.display
+
+    shown: list = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(("update", obj.data))
+
+    def fake_display(obj, display_id=False):
+        shown.append(("display", obj.data))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    line = PhaseLine("srv", mode="notebook", show=True, min_interval_s=0.0)
+    line.update("loading <weights>", 1)
+    line.update("capturing graphs", 2)
+    line.close(ok=False, message="out of memory")
+    assert [kind for kind, _ in shown] == ["display", "update", "update"]
+    assert "loading &lt;weights&gt;" in shown[0][1]
+    assert "srv: out of memory during &#x27;capturing graphs&#x27; (2s)" in shown[-1][1]
+
+
+def test_phase_line_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match="mode"):
+        PhaseLine("srv", mode="html")
+
+
+
+def test_engine_card_shows_cheap_attributes_escaped_and_skips_failing_ones():
+    class FakeEngine:
+        model = "tiny<1>"
+        url = "http://127.0.0.1:1"
+
+        @property
+        def log_path(self):
+            raise RuntimeError("not started")
+
+        def __repr__(self):
+            return "<rlgen.Engine 'tiny<1>'>"
+
+    page = engine_html(FakeEngine())
+    assert "&lt;rlgen.Engine &#x27;tiny&lt;1&gt;&#x27;&gt;" in page
+    assert "<th>model</th><td>tiny&lt;1&gt;</td>" in page and "<th>url</th>" in page
+    assert "log_path" not in page
