@@ -1,0 +1,178 @@
+"""The on-disk registry of server processes rlgen launched, and who owns them.
+
+Owns: one small JSON record per launched server in `<cache>/servers/registry/<pid>.json`
+(`<cache>` is `$RLGEN_CACHE_DIR`, else `~/.cache/rlgen`), and the identity checks that decide
+whether a record's server and its owner are still the processes that wrote it. A pid alone is not
+an identity (pids are reused), so every check compares the process's create time as well.
+
+Knows nothing about signals or how to stop a process (that is `_server.py`, which also implements
+`reap()` on top of these records), nor about HTTP.
+
+Why a registry at all: a server whose owner died without running its cleanup (a Jupyter kernel
+killed by SIGKILL on a platform without a parent-death signal, or an owner killed in the instant
+between spawning the server and arming it) is invisible to the next kernel. The record lets that
+next kernel find and stop it (`rlgen.reap()`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ._models import cache_dir
+
+__all__ = [
+    "ServerRecord",
+    "list_servers",
+    "owner_identity",
+    "process_alive",
+    "read_records",
+    "record_status",
+    "registry_dir",
+    "remove_record",
+    "servers_dir",
+    "write_record",
+]
+
+# Create times come from /proc (clock ticks since boot plus the boot time), so the same process
+# always reports the same value; the tolerance only absorbs float formatting in JSON.
+_CREATE_TIME_TOLERANCE_S = 0.01
+
+# Statuses `record_status` returns.
+RUNNING = "running"  # server alive, owner alive: hands off
+ORPHANED = "orphaned"  # server alive, owner gone (or its pid now belongs to another process)
+GONE = "gone"  # the server process no longer exists: the record is stale
+OTHER_HOST = "other host"  # written on another machine sharing this cache dir: pids mean nothing here
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """What rlgen knows about one server it launched: enough to find and stop it later."""
+
+    pid: int  # the server process (after the parent-death shim exec'd into it: same pid)
+    pgid: int  # its process group (== pid: it is started in a new session)
+    create_time: float  # the server's psutil create_time, to detect pid reuse
+    port: int
+    host: str
+    owner_pid: int  # the Python process that launched it
+    owner_start_time: float  # the owner's psutil create_time
+    argv: list[str]
+    log_path: str
+    started_at: float  # time.time() at launch
+    hostname: str = field(default_factory=socket.gethostname)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerRecord:
+        return cls(
+            pid=int(data["pid"]),
+            pgid=int(data["pgid"]),
+            create_time=float(data["create_time"]),
+            port=int(data["port"]),
+            host=str(data["host"]),
+            owner_pid=int(data["owner_pid"]),
+            owner_start_time=float(data["owner_start_time"]),
+            argv=[str(a) for a in data["argv"]],
+            log_path=str(data["log_path"]),
+            started_at=float(data["started_at"]),
+            hostname=str(data.get("hostname", "")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def servers_dir() -> Path:
+    """Where server logs and the registry live: `<cache>/servers`."""
+    return cache_dir() / "servers"
+
+
+def registry_dir() -> Path:
+    """The registry of launched servers: `<cache>/servers/registry`."""
+    return servers_dir() / "registry"
+
+
+def owner_identity() -> tuple[int, float]:
+    """This process's (pid, create_time): how a record names its owner."""
+    return os.getpid(), psutil.Process().create_time()
+
+
+def write_record(record: ServerRecord) -> Path:
+    """Write `record` atomically (temp file + rename), so a reader never sees half a record."""
+    directory = registry_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{record.pid}.json"
+    fd, tmp = tempfile.mkstemp(prefix=f".{record.pid}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def remove_record(pid: int) -> None:
+    """Delete the record of server `pid`, if there is one."""
+    (registry_dir() / f"{pid}.json").unlink(missing_ok=True)
+
+
+def read_records() -> list[ServerRecord]:
+    """Every readable record, oldest first. Unreadable or foreign files are skipped, not deleted:
+    a record being written by another process is never half-visible (atomic rename), so a file that
+    does not parse was not written by rlgen and is not ours to remove."""
+    directory = registry_dir()
+    if not directory.is_dir():
+        return []
+    records = []
+    for path in directory.glob("*.json"):
+        try:
+            records.append(ServerRecord.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(records, key=lambda r: r.started_at)
+
+
+def process_alive(pid: int, create_time: float) -> bool:
+    """True if process `pid` exists, is not a zombie, and is the one created at `create_time`."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - create_time) > _CREATE_TIME_TOLERANCE_S:
+            return False  # the pid was reused by an unrelated process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True  # it exists; we cannot look closer, so assume the worst (alive)
+
+
+def record_status(record: ServerRecord) -> str:
+    """One of "running", "orphaned", "gone", "other host" (see the module constants)."""
+    if record.hostname and record.hostname != socket.gethostname():
+        return OTHER_HOST
+    if not process_alive(record.pid, record.create_time):
+        return GONE
+    if process_alive(record.owner_pid, record.owner_start_time):
+        return RUNNING
+    return ORPHANED
+
+
+def list_servers() -> list[dict[str, Any]]:
+    """All registered servers, each as its record (a dict) plus `status` and `age_s`.
+
+    `status` is "running" (server and owner alive), "orphaned" (server alive, owner gone: `reap()`
+    stops it), "gone" (the server exited: a stale record `reap()` deletes), or "other host".
+    """
+    now = time.time()
+    return [
+        {**record.to_dict(), "status": record_status(record), "age_s": round(now - record.started_at, 1)}
+        for record in read_records()
+    ]
