@@ -12,6 +12,7 @@ session is bound to the loop it was created on.
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any, AsyncIterator, Callable
 
 import orjson
@@ -143,10 +144,18 @@ class Client:
 def _decode(raw: bytes) -> Any:
     if not raw:
         return None
+    # A large /generate body is millions of small objects; Python's cyclic GC would walk them
+    # repeatedly while they are created (measured: parse 4-5x slower). They hold no cycles.
+    paused = len(raw) > (1 << 20) and gc.isenabled()
+    if paused:
+        gc.disable()
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return raw.decode(errors="replace")
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _status_error(path: str, status: int, raw: bytes) -> ServerRequestError:

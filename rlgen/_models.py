@@ -76,7 +76,9 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ResolvedModel:
             "`huggingface-cli download ORG/NAME --local-dir DIR`."
         )
     _check_checkout(path)
-    return ResolvedModel(path=str(path.resolve()), name=path.resolve().name)
+    # The default model's cache directory is named after its conversion; show its real name.
+    name = DEFAULT_MODEL if (path / _COMPLETE_MARKER).is_file() else path.resolve().name
+    return ResolvedModel(path=str(path.resolve()), name=name)
 
 
 def _check_checkout(path: Path) -> None:

@@ -1,0 +1,168 @@
+"""The generate core: normalised prompts in, SGLang response entries out, batched and abortable.
+
+Owns: splitting the prompts into chunks of batched `/generate` requests, keeping a bounded number
+in flight (so huge inputs stream through with bounded memory), advancing the progress bar per
+chunk, giving every sample an `rid`, streaming (time to first token, inter-token latencies), and
+what happens on Ctrl-C or a failing request: the in-flight rids are aborted on the server, and the
+samples that did finish are kept. Knows nothing about processes or about the result's tensors.
+
+Runs on rlgen's background loop (`rlgen._loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._client import Client
+from ._errors import RequestError, ServerRequestError
+
+__all__ = ["GenerateJob", "run_generate"]
+
+
+@dataclass
+class GenerateJob:
+    """One generate() call, ready to send."""
+
+    prompt_ids: list[list[int]]
+    sampling: dict[str, Any]              # SGLang sampling_params, without `n`
+    n: int = 1
+    logprobs: bool = True
+    top_logprobs: int = 0
+    stream: bool = False                  # stream over SSE to measure TTFT / inter-token latency
+    chunk_size: int = 256                 # prompts per /generate request
+    max_in_flight: int = 8                # requests in flight at once
+    native_n: bool = True                 # let SGLang expand n (faster; its sample rids are its own)
+    extra_request: dict[str, Any] = field(default_factory=dict)  # sent as is with every request
+    per_prompt: dict[str, list[Any]] = field(default_factory=dict)  # one value per prompt, e.g. logprob_start_len
+
+    # filled while running: one entry per sample (prompt-major), None until it arrives
+    results: list[dict[str, Any] | None] = field(default_factory=list)
+    ttft_s: list[float | None] = field(default_factory=list)
+    itl_s: list[float | None] = field(default_factory=list)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.prompt_ids) * self.n
+
+
+async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = None, abort_all_on_cancel: bool = False) -> None:
+    """Send `job` and fill `job.results` (prompt-major, n per prompt).
+
+    On cancellation (Ctrl-C) or a failing request, the rids still in flight are aborted on the
+    server before the exception propagates; finished samples stay in `job.results`.
+    """
+    # 1) Plan the chunks: [start, stop) prompt ranges, each one /generate request.
+    job.results = [None] * job.n_samples
+    job.ttft_s = [None] * job.n_samples
+    job.itl_s = [None] * job.n_samples
+    chunks = [(a, min(a + job.chunk_size, len(job.prompt_ids))) for a in range(0, len(job.prompt_ids), job.chunk_size)]
+    in_flight: dict[str, None] = {}  # rids sent and not yet answered (ordered set)
+    limiter = asyncio.Semaphore(job.max_in_flight)
+
+    async def one_chunk(start: int, stop: int) -> None:
+        async with limiter:
+            payload, rids = _payload(job, start, stop)
+            in_flight.update(dict.fromkeys(rids))
+            try:
+                if job.stream:
+                    await _send_streamed(client, job, payload, start)
+                else:
+                    entries = await client.generate(payload)
+                    _store(job, start, entries if isinstance(entries, list) else [entries])
+            except ServerRequestError as err:
+                raise ServerRequestError(
+                    f"prompts {start}..{stop - 1}: {err}", status=err.status, body=err.body, prompt_index=start
+                ) from None
+            except RequestError as err:
+                if err.prompt_index is None:
+                    err.prompt_index = start
+                raise
+            finally:
+                for rid in rids:
+                    in_flight.pop(rid, None)
+            if on_progress is not None:
+                on_progress((stop - start) * job.n)
+
+    # 2) Send them, at most `max_in_flight` at a time; the first failure cancels the rest.
+    tasks = [asyncio.ensure_future(one_chunk(a, b)) for a, b in chunks]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # 3) Ctrl-C or a failure: stop sending, then abort what the server is still working on.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _abort(client, list(in_flight), abort_all=abort_all_on_cancel and job.native_n and job.n > 1)
+        raise
+
+
+def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], list[str]]:
+    """The /generate body for prompts [start, stop), and the rids it carries."""
+    ids = job.prompt_ids[start:stop]
+    sampling: Any = dict(job.sampling)
+    if job.native_n and job.n > 1 and sampling.get("sampling_seed") is None:
+        # SGLang expands n itself (one prefill per prompt) and gives each sample a fresh rid, so
+        # the rids we send are not the ones to abort; the owner aborts everything instead.
+        sampling["n"] = job.n
+        rids = [f"rlgen-{uuid.uuid4().hex}" for _ in ids]
+    else:
+        ids = [p for p in ids for _ in range(job.n)]
+        rids = [f"rlgen-{uuid.uuid4().hex}" for _ in ids]
+        if job.n > 1 and sampling.get("sampling_seed") is not None:
+            # One seed for n copies of a prompt would draw n identical samples: seed + sample index.
+            seed = sampling["sampling_seed"]
+            sampling = [{**sampling, "sampling_seed": seed + j} for _ in range(stop - start) for j in range(job.n)]
+    payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids, **job.extra_request}
+    for name, values in job.per_prompt.items():
+        chunk = values[start:stop]
+        payload[name] = chunk if len(chunk) == len(ids) else [v for v in chunk for _ in range(job.n)]
+    if job.logprobs or job.top_logprobs:
+        payload["return_logprob"] = True
+        payload["top_logprobs_num"] = job.top_logprobs
+    return payload, rids
+
+
+def _store(job: GenerateJob, start: int, entries: list[dict[str, Any]]) -> None:
+    first = start * job.n
+    expected = min(len(job.prompt_ids) - start, job.chunk_size) * job.n
+    if len(entries) != expected:
+        raise RequestError(f"the server answered {len(entries)} samples for {expected}", prompt_index=start)
+    job.results[first:first + len(entries)] = entries
+
+
+async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, Any], start: int) -> None:
+    """Stream one chunk: SGLang interleaves the samples' chunks, tagged with `index` (cumulative)."""
+    first = start * job.n
+    t_sent = time.perf_counter()
+    last_seen: dict[int, float] = {}
+    gaps: dict[int, list[float]] = {}
+    finals: dict[int, dict[str, Any]] = {}
+    async for chunk in client.generate_stream(payload):
+        now = time.perf_counter()
+        index = chunk.get("index", 0)
+        if index not in last_seen:
+            job.ttft_s[first + index] = now - t_sent
+        else:
+            gaps.setdefault(index, []).append(now - last_seen[index])
+        last_seen[index] = now
+        if chunk["meta_info"].get("finish_reason") is not None:
+            finals[index] = chunk
+    for index, chunk in finals.items():
+        chunk.pop("index", None)
+        job.results[first + index] = chunk
+        intervals = gaps.get(index)
+        job.itl_s[first + index] = sum(intervals) / len(intervals) if intervals else None
+
+
+async def _abort(client: Client, rids: list[str], *, abort_all: bool) -> None:
+    """Best effort: the caller is already failing; a dead server must not mask the real error."""
+    if not rids and not abort_all:
+        return
+    try:
+        await asyncio.wait_for(client.abort(None if abort_all else rids), timeout=10)
+    except (RequestError, asyncio.TimeoutError, OSError):
+        pass
