@@ -19,6 +19,7 @@ import shlex
 import sys
 import threading
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
@@ -123,7 +124,9 @@ class Engine:
             enable_metrics=enable_metrics,
             server_args=server_args,
         )
-        # 2) Launch and wait for a real one-token generation, showing one status line.
+        # 2) Stop servers left behind by dead kernels (their GPU memory is ours to reuse), then
+        #    launch and wait for a real one-token generation, showing one status line.
+        _reap_leftovers()
         line = PhaseLine(f"rlgen {self.backend} server", show=progress)
         try:
             self._server = launch_server(
@@ -615,6 +618,15 @@ class Engine:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers for construction
+
+
+def _reap_leftovers() -> None:
+    from ._server import reap
+
+    stopped = [r for r in reap() if r.get("action") == "stopped"]
+    if stopped:
+        pids = ", ".join(str(r["pid"]) for r in stopped)
+        warnings.warn(f"rlgen stopped {len(stopped)} server(s) whose kernel had died (pid {pids})", stacklevel=3)
 
 
 def _choose_backend(backend: str) -> str:

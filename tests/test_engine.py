@@ -349,3 +349,30 @@ def test_a_seed_with_n_gives_distinct_samples_that_a_rerun_reproduces(engine) ->
     b = engine.generate("Invent a name for a cat:", n=3, max_new_tokens=12, temperature=1.0, ignore_eos=True, seed=11)
     assert a.df.completion.tolist() == b.df.completion.tolist()
     assert len(set(a.df.completion)) > 1
+
+
+@cpu_only
+@pytest.mark.timeout(120)
+def test_a_new_engine_reaps_servers_left_by_a_dead_kernel(model_path: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path))  # a registry of this test's own
+    script = textwrap.dedent(f"""
+        import sys
+        from rlgen._server import launch_server
+        # as on a platform without a parent-death signal: only the registry knows about it
+        srv = launch_server([sys.executable, "-m", "rlgen.cpu_server", "--model-path", {model_path!r}], _pdeathsig=False)
+        print(srv.pid, flush=True)
+        import time; time.sleep(600)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        orphan = int(owner.stdout.readline())
+        owner.kill()
+        owner.wait(10)
+        assert psutil.pid_exists(orphan)
+        with pytest.warns(UserWarning, match=rf"stopped 1 server\(s\) whose kernel had died \(pid {orphan}\)"):
+            eng = cpu_engine(model_path)
+        eng.close()
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+    finally:
+        owner.kill()
+        owner.wait()
