@@ -22,11 +22,11 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from . import _loop
 from ._client import Client
-from ._errors import EngineClosedError, EngineError, RequestError, ServerDiedError, ServerRequestError
+from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ._generate import GenerateJob, run_generate
 from ._models import resolve_model
 from ._prompts import normalize_prompts

@@ -45,8 +45,8 @@ class EngineError(RlgenError):
     """Something went wrong with the server process an Engine owns or talks to."""
 
 
-class ServerStartupError(EngineError):
-    """The server exited or failed while starting.
+class _ServerFailure(EngineError):
+    """A server process failed; carries what a user needs to see why (shared by the two below).
 
     Attributes:
         exit_code: the process's exit code, or None if it was still running.
@@ -78,23 +78,16 @@ class ServerStartupError(EngineError):
         super().__init__("\n".join(parts))
 
 
+class ServerStartupError(_ServerFailure):
+    """The server exited or failed while starting (exit code, log tail, hint attached)."""
+
+
 class ServerStartupTimeout(ServerStartupError):
     """The server did not become healthy within `startup_timeout` seconds."""
 
 
-class ServerDiedError(EngineError):
+class ServerDiedError(_ServerFailure):
     """The server process died after it was ready (exit code and log tail attached)."""
-
-    def __init__(self, message: str, *, exit_code: int | None = None, log_path: str | None = None, log_tail: str = "") -> None:
-        self.exit_code = exit_code
-        self.log_path = log_path
-        self.log_tail = log_tail
-        parts = [message]
-        if log_path:
-            parts.append(f"see log at {log_path}")
-        if log_tail:
-            parts.append("last log lines:\n" + log_tail)
-        super().__init__("\n".join(parts))
 
 
 class EngineClosedError(EngineError):

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
 
+import psutil
 import pytest
+
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+MARKER_VAR = "RLGEN_TEST_MARKER"
 
 
 def _has_gpu_sglang() -> bool:
@@ -39,3 +48,45 @@ def model_path() -> str:
     from rlgen._models import default_model_path
 
     return str(default_model_path())
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private cache dir, and a marker env var to find every process this test started."""
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(MARKER_VAR, marker)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
+    yield marker
+    leftovers = _wait_for_no_marked_processes(marker, timeout=5.0)
+    for proc in leftovers:  # clean up before failing, so one failure does not poison the next test
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert not leftovers, f"processes left behind: {[(p.pid, _cmdline(p)) for p in leftovers]}"
+
+
+def _marked_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARKER_VAR) == marker:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _wait_for_no_marked_processes(marker: str, timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (found := _marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return "?"

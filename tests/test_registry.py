@@ -8,7 +8,6 @@ the environment; afterwards no process may carry that marker.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -16,19 +15,14 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
-import rlgen
 from rlgen import _registry
 from rlgen._server import launch_server, list_servers, reap
 
-REPO_ROOT = str(Path(rlgen.__file__).resolve().parent.parent)
-MARKER_VAR = "RLGEN_TEST_MARKER"
+pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 
 # An owner ("kernel") process that launches a server and prints its pid, then waits on stdin.
 OWNER_SCRIPT = r"""
@@ -40,35 +34,6 @@ print(json.dumps({"pid": server.pid, "port": server.port}), flush=True)
 sys.stdin.read()
 server.close()
 """
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    marker = uuid.uuid4().hex
-    monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(MARKER_VAR, marker)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-    yield marker
-    deadline = time.monotonic() + 5.0
-    while (leftovers := _marked_processes(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for proc in leftovers:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
-
-
-def _marked_processes(marker: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARKER_VAR) == marker:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def cpu_server(model_path: str) -> list[str]:

@@ -9,7 +9,6 @@ inherits; afterwards no process may carry that marker.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -21,21 +20,17 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
 
-import rlgen
 from rlgen import _registry, _server
 from rlgen._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
 from rlgen._server import PHASES, ServerState, launch_server
 
-REPO_ROOT = str(Path(rlgen.__file__).resolve().parent.parent)
-MARKER_VAR = "RLGEN_TEST_MARKER"
+pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 
 # A "kernel" that owns a server: launches it, prints its pid/port, survives SIGINT the way ipykernel
 # does (Ctrl-C interrupts a cell, not the kernel), and closes the server when stdin closes.
@@ -54,48 +49,6 @@ print("closed", flush=True)
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A private cache dir, and a marker env var to find every process this test started."""
-    marker = uuid.uuid4().hex
-    monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(MARKER_VAR, marker)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-    yield marker
-    leftovers = _wait_for_no_marked_processes(marker, timeout=5.0)
-    for proc in leftovers:  # clean up before failing, so one failure does not poison the next test
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    assert not leftovers, f"processes left behind: {[(p.pid, _cmdline(p)) for p in leftovers]}"
-
-
-def _marked_processes(marker: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARKER_VAR) == marker:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def _wait_for_no_marked_processes(marker: str, timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (found := _marked_processes(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return found
-
-
-def _cmdline(proc: psutil.Process) -> str:
-    try:
-        return " ".join(proc.cmdline())
-    except psutil.Error:
-        return "?"
 
 
 def cpu_server(model_path: str) -> list[str]:

@@ -8,27 +8,36 @@
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}"
 STEPS="${1:-conformance,lifecycle,generate,notebook}"
+FINAL_OUT="$OUT"; OUT="$(mktemp -d)"  # a call returns at most 8 files: everything is packed at the end
 python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$OUT/versions.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/versions.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -rA -q)
 
-if [[ $STEPS == *conformance* ]]; then
-  start_sglang 30000 "$OUT/sglang-conformance.log" --mem-fraction-static 0.2 --enable-memory-saver --disable-cuda-graph || exit 1
-  RLGEN_CONFORMANCE_URL=http://127.0.0.1:30000 "${PYTEST[@]}" tests/conformance --junitxml="$OUT/conformance.xml" 2>&1 | tail -80 > "$OUT/conformance.txt"
+# The conformance, generate and notebook steps each run their own server (20% of the GPU each), in
+# parallel to save device time; the lifecycle step measures GPU memory, so it runs alone after them.
+conformance() {
+  start_sglang 30000 "$OUT/sglang-conformance.log" --mem-fraction-static 0.2 --enable-memory-saver --disable-cuda-graph || return 1
+  RLGEN_CONFORMANCE_URL=http://127.0.0.1:30000 "${PYTEST[@]}" tests/conformance --junitxml="$OUT/conformance.xml" > "$OUT/conformance.txt" 2>&1
   python3 scripts/gpu/record_responses.py http://127.0.0.1:30000 "$OUT/sglang-responses.json" > /dev/null 2>&1
   stop_sglang
-  tail -3 "$OUT/conformance.txt"
-fi
-if [[ $STEPS == *lifecycle* ]]; then
-  "${PYTEST[@]}" -s tests/test_gpu.py --junitxml="$OUT/lifecycle.xml" 2>&1 | tail -60 > "$OUT/lifecycle.txt"
-  tail -3 "$OUT/lifecycle.txt"
-fi
-if [[ $STEPS == *generate* ]]; then
-  RLGEN_TEST_BACKEND=sglang "${PYTEST[@]}" tests/test_engine.py --junitxml="$OUT/generate.xml" 2>&1 | tail -80 > "$OUT/generate.txt"
-  tail -3 "$OUT/generate.txt"
-fi
-if [[ $STEPS == *notebook* ]]; then
-  "${PYTEST[@]}" --nbmake --nbmake-timeout=600 notebooks --junitxml="$OUT/notebook.xml" 2>&1 | tail -40 > "$OUT/notebook.txt"
-  tail -3 "$OUT/notebook.txt"
-fi
+}
+generate() {
+  RLGEN_TEST_BACKEND=sglang "${PYTEST[@]}" tests/test_engine.py --junitxml="$OUT/generate.xml" > "$OUT/generate.txt" 2>&1
+}
+notebook() {
+  "${PYTEST[@]}" --nbmake --nbmake-timeout=600 notebooks --junitxml="$OUT/notebook.xml" > "$OUT/notebook.txt" 2>&1
+}
+lifecycle() {
+  "${PYTEST[@]}" -s tests/test_gpu.py --junitxml="$OUT/lifecycle.xml" > "$OUT/lifecycle.txt" 2>&1
+}
+pids=()
+for step in conformance generate notebook; do
+  if [[ $STEPS == *$step* ]]; then $step & pids+=($!); fi
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+if [[ $STEPS == *lifecycle* ]]; then lifecycle; fi
+for step in conformance generate notebook lifecycle; do
+  [ -f "$OUT/$step.txt" ] && { echo "== $step"; tail -2 "$OUT/$step.txt"; }
+done
 ps aux | grep -E "[s]glang|[c]pu_server" | head -5 > "$OUT/leftover-processes.txt"; echo "leftover server processes: $(wc -l < "$OUT/leftover-processes.txt")"
+tar czf "$FINAL_OUT/check.tgz" -C "$OUT" .
