@@ -373,6 +373,12 @@ class Engine:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
         sampling = Sampling(**{k: v for k, v in options.items() if v is not None or k == "seed"})
+        if sampling.seed is not None and not self._seed_is_honoured:
+            warnings.warn(
+                "seed= will not make sampling reproducible on this SGLang server: it honours sampling_seed only "
+                "in deterministic mode; start the Engine with server_args={'enable_deterministic_inference': True}",
+                stacklevel=3,
+            )
         params = sampling.to_sglang()
         if sampling_params:
             clash = set(sampling_params) & set(params)
@@ -388,6 +394,11 @@ class Engine:
             native_n=self._owns_server,
         )
         return job, prompt_set, sampling
+
+    @property
+    def _seed_is_honoured(self) -> bool:
+        info = self._server_info
+        return info.get("rlgen_backend") == "cpu" or bool(info.get("enable_deterministic_inference"))
 
     @property
     def _owns_server(self) -> bool:

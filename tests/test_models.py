@@ -77,3 +77,12 @@ def test_a_local_checkout_path_is_accepted_as_is(model_path: str) -> None:
 def test_a_non_path_model_argument_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="model must be a path"):
         resolve_model(123)  # type: ignore[arg-type]
+
+
+def test_the_default_model_can_point_at_a_ready_checkout(model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLGEN_DEFAULT_MODEL", model_path)
+    resolved = resolve_model(None)
+    assert resolved.path == str(Path(model_path).resolve()) and resolved.name == rlgen.DEFAULT_MODEL
+    monkeypatch.setenv("RLGEN_DEFAULT_MODEL", "/nonexistent/checkout")
+    with pytest.raises(rlgen.ModelError):
+        resolve_model(None)

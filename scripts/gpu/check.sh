@@ -6,7 +6,7 @@
 #   4. the quickstart notebook on SGLang (nbmake)
 # Results land in $OUT (summaries are committed under docs/gpu/).
 source "$(dirname "$0")/common.sh"
-export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}"
+export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
 STEPS="${1:-conformance,lifecycle,generate,notebook}"
 FINAL_OUT="$OUT"; OUT="$(mktemp -d)"  # a call returns at most 8 files: everything is packed at the end
 python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$OUT/versions.txt"
