@@ -107,9 +107,18 @@ _PORT_IN_USE_HINT = "the port is already in use: pass another port=, or leave po
 # Known fatal start-up signatures, first match wins (so specific patterns come before general ones).
 # A template may use the pattern's first group as {0}.
 _HINTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), hint)
+    (re.compile(pattern, re.IGNORECASE | re.MULTILINE), hint)
     for pattern, hint in (
-        (r"No module named 'sglang'", "SGLang is not installed in the server's Python: pip install 'rlgen[sglang]'"),
+        (r"^\s*(?:ModuleNotFoundError|ImportError): No module named 'sglang'",
+         "SGLang is not installed in the server's Python: pip install 'rlgen[sglang]'"),
+        (
+            # SGLang 0.5.17, seen on an H200 when two servers started on one GPU at the same time:
+            # each counted the other's allocations while sizing its KV cache.
+            r"Loaded weights leave no GPU memory for the KV cache",
+            "no GPU memory was left for the KV cache: another process took memory while the server "
+            "measured it (engines started at the same time on one GPU?): start engines one after "
+            "another, or raise gpu_memory_fraction",
+        ),
         (
             r"Not enough memory\. Please try to increase --mem-fraction-static",
             "too little GPU memory is left for the KV cache after loading the weights: raise "
@@ -145,7 +154,9 @@ _HINTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             "the model path is missing or is not a valid Hugging Face checkout (config.json, tokenizer, "
             "weights): check model_path=",
         ),
-        (r"No module named '([\w]+)", "a Python package is missing in the server's environment: pip install {0}"),
+        # Only a real import failure, not SGLang's "Ignore import error when loading ...: No module named".
+        (r"^\s*(?:ModuleNotFoundError|ImportError): No module named '([\w]+)",
+         "a Python package is missing in the server's environment: pip install {0}"),
     )
 )
 _TIMEOUT_HINT = (

@@ -7,14 +7,14 @@
 # Results land in $OUT (summaries are committed under docs/gpu/).
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
-STEPS="${1:-conformance,lifecycle,generate,notebook}"
+STEPS="${1:-conformance,lifecycle,generate,notebook}"  # or a subset, e.g. "generate,notebook"
 FINAL_OUT="$OUT"; OUT="$(mktemp -d)"  # a call returns at most 8 files: everything is packed at the end
 python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$OUT/versions.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/versions.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -rA -q)
 
-# The conformance, generate and notebook steps each run their own server (20% of the GPU each), in
-# parallel to save device time; the lifecycle step measures GPU memory, so it runs alone after them.
+# One step after another: SGLang servers that start at the same time on one GPU each count the
+# other's allocations while sizing their KV cache, and fail (seen 2026-11-30).
 conformance() {
   start_sglang 30000 "$OUT/sglang-conformance.log" --mem-fraction-static 0.2 --enable-memory-saver --disable-cuda-graph || return 1
   RLGEN_CONFORMANCE_URL=http://127.0.0.1:30000 "${PYTEST[@]}" tests/conformance --junitxml="$OUT/conformance.xml" > "$OUT/conformance.txt" 2>&1
@@ -30,12 +30,9 @@ notebook() {
 lifecycle() {
   "${PYTEST[@]}" -s tests/test_gpu.py --junitxml="$OUT/lifecycle.xml" > "$OUT/lifecycle.txt" 2>&1
 }
-pids=()
-for step in conformance generate notebook; do
-  if [[ $STEPS == *$step* ]]; then $step & pids+=($!); fi
+for step in conformance generate notebook lifecycle; do
+  if [[ $STEPS == *$step* ]]; then $step; fi
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
-if [[ $STEPS == *lifecycle* ]]; then lifecycle; fi
 for step in conformance generate notebook lifecycle; do
   [ -f "$OUT/$step.txt" ] && { echo "== $step"; tail -2 "$OUT/$step.txt"; }
 done
