@@ -165,7 +165,11 @@ class Engine:
         self.backend = "remote"
         self._memory_saver = True  # the server's choice; SGLang answers if it cannot
         self._metrics_enabled = True
-        info = _loop.run_sync(Client(self.url).get("/get_model_info", timeout=30))
+        probe = Client(self.url)
+        try:
+            info = _loop.run_sync(probe.get("/get_model_info", timeout=30))
+        finally:
+            _loop.run_sync(probe.aclose())
         self.model_path = info.get("model_path", "")
         self.model = Path(self.model_path).name or self.model_path
         self._connect(tokenizer=tokenizer if tokenizer is not None else (info.get("tokenizer_path") or self.model_path))
@@ -727,15 +731,19 @@ def _load_tokenizer(tokenizer: Any) -> Any:
 
 
 def _context_length(server_info: dict[str, Any], tokenizer: Any, model_path: str) -> int | None:
-    for key in ("context_length", "max_req_input_len"):
-        value = server_info.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
+    """The model's context: an explicit server setting, else the checkout's config, else what the
+    server says is the longest input (SGLang's `max_req_input_len`, a few tokens under the context)."""
+    value = server_info.get("context_length")
+    if isinstance(value, int) and value > 0:
+        return value
     config = Path(model_path) / "config.json"
-    if config.is_file():
+    if model_path and config.is_file():
         value = json.loads(config.read_text()).get("max_position_embeddings")
         if isinstance(value, int):
             return value
+    value = server_info.get("max_req_input_len")
+    if isinstance(value, int) and value > 0:
+        return value
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and limit < 10**9 else None
 
