@@ -1,0 +1,578 @@
+"""Shared pieces of the GPU benchmarks (`throughput.py`, `startup.py`, `scaling.py`).
+
+Not a benchmark itself. It holds what more than one script needs, so that they measure alike:
+
+- the command line every script takes (`--out`, `--quick`, `--backend`, `--model`, `--repeats`),
+  progress lines (`log`, flushed) and the JSON record (`Record`, rewritten after every phase so a
+  run killed at the time limit still leaves its numbers);
+- SGLang's site flags (`$RLGEN_SGLANG_ARGS`, e.g. triton attention on the lent H200) for raw
+  launches and `sglang.Engine`, so every launch gets the same ones rlgen's Engine reads itself;
+- workloads (`Workload`): token-id prompts of an exact length from a fixed seed, or chat prompts
+  from templates, rendered to token ids once, so every method sends identical `input_ids` and the
+  sampling parameters rlgen itself would send (`rlgen._sampling.Sampling.to_sglang()`);
+- the clients that compete with rlgen on the same server (`RawClient`: aiohttp + orjson, one
+  batched request, chunked requests, or one request per prompt) and rlgen's own call;
+- `run_interleaved`: warm up each method once, then every repeat runs every method once in a
+  rotated order, with a cache flush and a GC collection before each timed run; a failing method is
+  recorded and dropped while the others go on; medians of generated tokens/s;
+- `nvidia-smi` readings (memory used / total, per-process view) and plain-text tables.
+
+Runnable scripts import it as `_common` (Python puts the script's directory on sys.path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import http.client
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from a checkout; on the GPU machine PYTHONPATH has it too
+
+SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
+# What the lent H200 needs (no FA3 kernels in its SGLang bundle); used when the variable is unset.
+DEFAULT_SITE_ARGS = "--attention-backend triton --sampling-backend pytorch"
+VOCAB_RANGE = (1000, 30000)  # token ids drawn for synthetic prompts: ordinary tokens of SmolLM2's 49k
+CHUNK_SIZE = 256             # rlgen's default prompts per /generate request
+_T0 = time.monotonic()
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line, progress, JSON record
+
+
+def base_parser(doc: str | None, *, repeats: int = 3) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="where to write the JSON of all raw numbers")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, numbers mean nothing")
+    ap.add_argument("--backend", choices=("sglang", "cpu"), default="sglang",
+                    help="cpu: rlgen's CPU backend (smoke tests without a GPU; SGLang-only phases are skipped)")
+    ap.add_argument("--model", default=None, help="HF checkout (default: $RLGEN_TEST_MODEL, else rlgen's default model)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"timed repeats per method (default {repeats}; {min(2, repeats)} with --quick)")
+    ap.set_defaults(default_repeats=repeats)
+    return ap
+
+
+def repeats_of(args: argparse.Namespace) -> int:
+    if args.repeats is not None:
+        return args.repeats
+    return min(2, args.default_repeats) if args.quick else args.default_repeats
+
+
+def log(msg: str) -> None:
+    """One progress line, flushed at once (PYTHONUNBUFFERED may be unset on the GPU machine)."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", flush=True)
+
+
+def logs_dir(out: str, name: str) -> Path:
+    """Where a script keeps server logs: beside --out (`<stem>-logs/<name>`), so they travel with it."""
+    path = Path(out).resolve()
+    return path.parent / f"{path.stem}-logs" / name
+
+
+def model_path(arg: str | None) -> str:
+    if arg:
+        return arg
+    if os.environ.get("RLGEN_TEST_MODEL"):
+        return os.environ["RLGEN_TEST_MODEL"]
+    from rlgen._models import default_model_path
+
+    return str(default_model_path())
+
+
+class Record:
+    """The JSON written to `--out`: environment, arguments, then whatever each phase adds.
+
+    `save()` rewrites the whole file; call it after every phase so a run killed by the time limit
+    still leaves everything measured so far.
+    """
+
+    def __init__(self, path: str, args: argparse.Namespace, script: str) -> None:
+        self.path = Path(path)
+        self.data: dict[str, Any] = {"script": script, "args": vars(args), "environment": environment(), "complete": False}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def save(self, *, complete: bool = False) -> None:
+        self.data["complete"] = complete
+        self.data["finished_at" if complete else "saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.path)
+
+
+def environment() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def pkg(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    gpus = nvidia_smi("--query-gpu=name,memory.total,driver_version")
+    return {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "argv": sys.argv,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "packages": {name: pkg(name) for name in ("torch", "sglang", "transformers", "aiohttp", "orjson", "pandas")},
+        "gpus": gpus,
+        SGLANG_ARGS_ENV: os.environ.get(SGLANG_ARGS_ENV),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang's site flags
+
+
+def site_flags() -> list[str]:
+    """The flags every SGLang launch gets: $RLGEN_SGLANG_ARGS, set to the H200's needs if unset.
+
+    Setting the variable here makes rlgen's Engine (which reads it itself) get exactly the flags
+    that raw launches and `sglang.Engine` get from this function.
+    """
+    os.environ.setdefault(SGLANG_ARGS_ENV, DEFAULT_SITE_ARGS)
+    return shlex.split(os.environ[SGLANG_ARGS_ENV])
+
+
+def site_kwargs() -> dict[str, Any]:
+    """`site_flags()` as `sglang.Engine(**kwargs)`: `--attention-backend triton` -> attention_backend="triton"."""
+    flags, out = site_flags(), {}
+    i = 0
+    while i < len(flags):
+        key = flags[i].lstrip("-").replace("-", "_")
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            out[key], i = flags[i + 1], i + 2
+        else:
+            out[key], i = True, i + 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts (token ids) plus the options of one generate call, as every method sends them."""
+
+    name: str
+    prompts: list[list[int]]
+    options: dict[str, Any]          # rlgen.generate sampling options: max_new_tokens, temperature, ignore_eos
+    n: int = 1
+    logprobs: bool = True            # rlgen's default
+    describe: str = ""
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.prompts) * self.n
+
+    @cached_property  # built once, not inside the timed loops (per-request builds a body per prompt)
+    def sampling(self) -> dict[str, Any]:
+        """The sampling_params rlgen sends for these options (without `n`)."""
+        from rlgen._sampling import Sampling
+
+        return Sampling(**self.options).to_sglang()
+
+    def payload(self, prompts: list[list[int]] | list[int]) -> dict[str, Any]:
+        """A /generate body as rlgen builds it (native `n`; logprob flags), without rlgen's rids."""
+        sampling = {**self.sampling, "n": self.n} if self.n > 1 else self.sampling
+        body: dict[str, Any] = {"input_ids": prompts, "sampling_params": sampling}
+        if self.logprobs:
+            body["return_logprob"] = True
+            body["top_logprobs_num"] = 0
+        return body
+
+    def head(self, count: int) -> Workload:
+        """The first `count` prompts: a warm-up that exercises the same path at a small size."""
+        return replace(self, prompts=self.prompts[:count])
+
+    def summary(self) -> dict[str, Any]:
+        lengths = [len(p) for p in self.prompts]
+        return {"name": self.name, "describe": self.describe, "prompts": len(self.prompts), "n": self.n,
+                "samples": self.n_samples, "prompt_tokens_min": min(lengths), "prompt_tokens_max": max(lengths),
+                "options": self.options, "logprobs": self.logprobs, "sampling_params": self.sampling}
+
+
+def token_prompts(count: int, length: int, *, seed: int = 0) -> list[list[int]]:
+    """`count` prompts of exactly `length` random token ids (fixed seed: identical in every run)."""
+    rng = random.Random(seed)
+    lo, hi = VOCAB_RANGE
+    return [[rng.randrange(lo, hi) for _ in range(length)] for _ in range(count)]
+
+
+def token_workload(name: str, count: int, prompt_len: int, new_tokens: int, *, n: int = 1,
+                   logprobs: bool = True, seed: int = 0) -> Workload:
+    """Fixed-length token-id prompts -> exactly `new_tokens` tokens each (ignore_eos)."""
+    return Workload(
+        name=name, prompts=token_prompts(count, prompt_len, seed=seed),
+        options={"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}, n=n, logprobs=logprobs,
+        describe=f"{count} prompts x {prompt_len} tokens -> {new_tokens} new, n={n}, ignore_eos, "
+                 f"logprobs={'on' if logprobs else 'off'}",
+    )
+
+
+_COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway", "Peru", "Egypt", "Vietnam",
+              "Italy", "Chile", "Ghana", "Poland", "Mexico", "Nepal", "Spain", "Turkey", "Australia", "Sweden"]
+_TOPICS = ["the ocean", "volcanoes", "honeybees", "the moon", "trains", "chess", "rainforests", "bread",
+           "glaciers", "owls", "bicycles", "the internet", "deserts", "music", "coffee", "lightning"]
+_TEMPLATES: tuple[Callable[[random.Random], str], ...] = (
+    lambda r: f"What is {r.randrange(2, 999)} + {r.randrange(2, 999)}? Answer with the number only.",
+    lambda r: f"What is {r.randrange(2, 99)} times {r.randrange(2, 99)}? Show your working briefly.",
+    lambda r: f"Is {r.randrange(2, 9999)} a prime number? Explain in one or two sentences.",
+    lambda r: f"What is the capital of {r.choice(_COUNTRIES)}?",
+    lambda r: f"List three facts about {r.choice(_COUNTRIES)}.",
+    lambda r: f"Which is larger, {r.choice(_COUNTRIES)} or {r.choice(_COUNTRIES)}? Answer briefly.",
+    lambda r: f"Write one sentence about {r.choice(_TOPICS)}.",
+    lambda r: f"Explain {r.choice(_TOPICS)} to a five-year-old.",
+    lambda r: f"Write a haiku about {r.choice(_TOPICS)}.",
+    lambda r: f"Count from {(a := r.randrange(1, 50))} to {a + r.randrange(3, 12)}, separated by commas.",
+)
+
+
+def chat_prompts(count: int, tokenizer: Any, *, seed: int = 0) -> list[list[int]]:
+    """`count` varied one-turn chats from templates, rendered with the model's chat template to ids."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        question = _TEMPLATES[i % len(_TEMPLATES)](rng)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(ids, Mapping):  # transformers >= 5 may return a BatchEncoding
+            ids = ids["input_ids"]
+        prompts.append([int(t) for t in ids])
+    return prompts
+
+
+def chat_workload(name: str, count: int, new_tokens: int, model: str, *, seed: int = 0) -> Workload:
+    """Varied chat prompts, natural stops (EOS), temperature 1, logprobs on."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return Workload(
+        name=name, prompts=chat_prompts(count, tokenizer, seed=seed),
+        options={"max_new_tokens": new_tokens, "temperature": 1.0}, logprobs=True,
+        describe=f"{count} chat prompts (templates) -> up to {new_tokens} new, natural stops, T=1, logprobs on",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The methods: raw HTTP clients and rlgen
+
+
+def completion_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
+    return sum(int(e["meta_info"]["completion_tokens"]) for e in entries)
+
+
+def _entries(decoded: Any) -> list[dict[str, Any]]:
+    return decoded if isinstance(decoded, list) else [decoded]
+
+
+def _checked(entries: list[dict[str, Any]], expected: int) -> int:
+    if len(entries) != expected:
+        raise RuntimeError(f"the server answered {len(entries)} samples for {expected}")
+    return completion_tokens(entries)
+
+
+class RawClient:
+    """The ceiling for any client: aiohttp POSTs straight to /generate, orjson to decode, nothing else.
+
+    Runs on its own event loop in the calling thread (never rlgen's background loop), with one
+    session and no connection cap, kept for the object's life as rlgen keeps its own. Cyclic GC is
+    paused while a body is decoded, as rlgen's client does (else parsing is several times slower).
+    """
+
+    def __init__(self, url: str) -> None:
+        raise_fd_limit()  # one request per prompt means a socket per prompt
+        self.url = url.rstrip("/")
+        self._loop = asyncio.new_event_loop()
+        self._session: Any = None
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._loop.run_until_complete(self._session.close())
+        self._loop.close()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _post(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        import aiohttp
+        import orjson
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        async with self._session.post(self.url + "/generate", data=orjson.dumps(body),
+                                      headers={"Content-Type": "application/json"}) as resp:
+            raw = await resp.read()
+            if resp.status >= 400:
+                raise RuntimeError(f"/generate failed with HTTP {resp.status}: {raw[:300]!r}")
+        gc.disable()
+        try:
+            return _entries(orjson.loads(raw))
+        finally:
+            gc.enable()
+
+    def _gather(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        async def all_of() -> list[list[dict[str, Any]]]:
+            return await asyncio.gather(*(self._post(b) for b in bodies))
+
+        return [e for part in self._loop.run_until_complete(all_of()) for e in part]
+
+    def one_request(self, wl: Workload) -> int:
+        """Every prompt in ONE batched request."""
+        return _checked(self._gather([wl.payload(wl.prompts)]), wl.n_samples)
+
+    def chunked(self, wl: Workload, chunk_size: int = CHUNK_SIZE) -> int:
+        """Batched requests of `chunk_size` prompts, all in flight at once."""
+        bodies = [wl.payload(wl.prompts[a:a + chunk_size]) for a in range(0, len(wl.prompts), chunk_size)]
+        return _checked(self._gather(bodies), wl.n_samples)
+
+    def per_request(self, wl: Workload) -> int:
+        """One request per prompt (its n samples in it), all concurrent: AReaL's pattern."""
+        return _checked(self._gather([wl.payload(p) for p in wl.prompts]), wl.n_samples)
+
+    def methods(self) -> dict[str, Callable[[Workload], int]]:
+        return {"raw-1req": self.one_request, "raw-chunked": self.chunked, "per-request": self.per_request}
+
+
+def raise_fd_limit() -> None:
+    """Soft open-files limit up to the hard one (SGLang's server does the same for itself)."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def rlgen_generate(eng: Any, wl: Workload) -> int:
+    """rlgen as a user calls it, including the DataFrame and the tensors."""
+    res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, progress=False, **wl.options)
+    tokens = int(res.df["completion_tokens"].sum())
+    tensors = res.tensors()
+    if tensors["response_ids"].shape[0] != wl.n_samples:
+        raise RuntimeError(f"rlgen returned {tensors['response_ids'].shape[0]} rows for {wl.n_samples}")
+    return tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Control requests (plain http.client: no proxy may sit between us and a loopback server)
+
+
+def http_request(url: str, path: str, body: Any = None, *, timeout: float = 30.0) -> tuple[int, bytes]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        if body is None:
+            conn.request("GET", path)
+        else:
+            conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def flush_cache(url: str, tries: int = 3) -> None:
+    """Drop the server's prefix cache so no timed run reuses another's prefill; raises if refused."""
+    answer: Any = None
+    for _ in range(tries):
+        try:
+            status, body = http_request(url, "/flush_cache", {}, timeout=10)
+            if status == 200:
+                return
+            answer = f"HTTP {status}: {body[:200]!r}"
+        except OSError as err:
+            answer = err
+        time.sleep(0.2)  # SGLang refuses while requests are still finishing
+    raise RuntimeError(f"/flush_cache failed {tries} times: {answer}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def run_interleaved(
+    methods: Mapping[str, Callable[[Workload], int]],
+    wl: Workload,
+    *,
+    repeats: int,
+    warmup: Workload | None = None,
+    before_each: Callable[[], Any] | None = None,
+    label: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Time each method on `wl`: one warm-up each, then `repeats` rounds in rotated order.
+
+    Each method returns the number of generated tokens; a run records seconds, tokens and tokens/s.
+    A method that raises is recorded (error + traceback) and skipped from then on. Returns per
+    method: runs, warmup, error, median_tok_s, median_s.
+    """
+    names = list(methods)
+    out: dict[str, dict[str, Any]] = {name: {"runs": [], "warmup": None, "error": None} for name in names}
+
+    def attempt(name: str, workload: Workload, phase: str) -> dict[str, Any] | None:
+        if out[name]["error"] is not None:
+            return None
+        if before_each is not None:
+            try:
+                before_each()
+            except Exception as err:  # noqa: BLE001 - a failed cache flush is noted, not fatal
+                out[name].setdefault("before_each_errors", []).append(f"{type(err).__name__}: {err}")
+        gc.collect()
+        t0 = time.perf_counter()
+        try:
+            tokens = methods[name](workload)
+        except Exception as err:  # noqa: BLE001 - one failing method must not stop the others
+            out[name]["error"] = f"{phase}: {type(err).__name__}: {err}"
+            out[name]["traceback"] = traceback.format_exc(limit=8)
+            log(f"  {label}{name}: FAILED in {phase}: {type(err).__name__}: {str(err)[:300]}")
+            return None
+        seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds if seconds > 0 else float("nan")}
+
+    for name in names:
+        out[name]["warmup"] = attempt(name, warmup or wl, "warm-up")
+    warmed = [f"{name} {w['seconds']:.2f} s" for name, w in ((n, out[n]["warmup"]) for n in names) if w]
+    log(f"  {label}warmed up ({(warmup or wl).n_samples} samples): {', '.join(warmed) or 'none'}")
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            run = attempt(name, wl, f"repeat {r + 1}")
+            if run is not None:
+                out[name]["runs"].append({**run, "repeat": r})
+                log(f"  {label}{name:14s} repeat {r + 1}/{repeats}: {run['tok_s']:12,.0f} tok/s "
+                    f"({run['tokens']} tokens in {run['seconds']:.2f} s)")
+    for result in out.values():
+        runs = result["runs"]
+        result["median_tok_s"] = statistics.median(x["tok_s"] for x in runs) if runs else None
+        result["median_s"] = statistics.median(x["seconds"] for x in runs) if runs else None
+    return out
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi
+
+
+def nvidia_smi(query: str) -> list[list[str]] | None:
+    """Rows of `nvidia-smi <query> --format=csv,noheader,nounits`, or None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def gpu_used_mib() -> int | None:
+    """memory.used summed over the visible GPUs (the server uses one; the others do not move)."""
+    rows = nvidia_smi("--query-gpu=memory.used")
+    return sum(int(r[0]) for r in rows if r[0].isdigit()) if rows else None
+
+
+def gpu_total_mib() -> int | None:
+    """memory.total of the first GPU, the one the server runs on."""
+    rows = nvidia_smi("--query-gpu=memory.total")
+    return int(rows[0][0]) if rows and rows[0][0].isdigit() else None
+
+
+def compute_apps_mib(pids: Sequence[int]) -> int | None:
+    """GPU memory of these processes per `--query-compute-apps` (None if it lists none of them,
+    e.g. inside a container whose pids nvidia-smi does not see)."""
+    rows = nvidia_smi("--query-compute-apps=pid,used_memory")
+    wanted = set(pids)
+    held = [int(r[1]) for r in rows or [] if len(r) == 2 and r[0].isdigit() and int(r[0]) in wanted and r[1].isdigit()]
+    return sum(held) if held else None
+
+
+def wait_gpu_back(baseline_mib: int | None, *, slack_mib: int = 1024, timeout: float = 60.0) -> float | None:
+    """Wait until memory.used is back within `slack_mib` of `baseline_mib`; seconds waited (None: no GPU)."""
+    if baseline_mib is None:
+        return None
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        used = gpu_used_mib()
+        if used is None or used <= baseline_mib + slack_mib:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def fmt(value: Any, spec: str = ",.0f", missing: str = "-") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return missing
+    return format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+    line = "  ".join(str(h).rjust(w) if i else str(h).ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    print(f"\n{title}\n{line}\n{'-' * len(line)}", flush=True)
+    for r in rows:
+        print("  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))), flush=True)
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+@dataclass
+class Targets:
+    """Target checks collected while printing, stored in the JSON as they were printed."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def check(self, name: str, value: float | None, op: str, bound: float, unit: str = "") -> None:
+        ok = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        self.rows.append({"target": name, "value": value, "op": op, "bound": bound, "ok": ok})
+        shown = "not measured" if value is None else fmt(value, ".3f" if unit == "x" else ".1f") + unit
+        print(f"  {verdict(ok):4s}  {name}: {shown} (target {op} {bound:g}{unit})", flush=True)

@@ -1,0 +1,139 @@
+"""Where batching pays: rlgen throughput vs batch size, next to raw batched /generate, plus the client's cost.
+
+Not a test. Two parts:
+
+1. GPU: one SGLang server started by `rlgen.Engine(model, backend="sglang", progress=False)`. For
+   each batch size (1, 8, 64, 256, 1024, 4096 prompts; 64 random prompt tokens -> 128 new tokens,
+   ignore_eos, logprobs on as rlgen's default), on that server:
+
+       raw     every prompt in ONE POST /generate (aiohttp + orjson; same flags as rlgen)
+       rlgen   eng.generate(...) then res.df and res.tensors()
+
+   warmed up once (on up to 64 prompts), then interleaved in rotated order, a prefix-cache flush
+   before each run, median of 3 (fewer for a size whose runs would not fit in --budget-s, judged
+   from the tokens/s of the size before: the repeats used are recorded and printed).
+
+2. CPU only: the client-side cost of a result of each size, from synthetic /generate bodies
+   (bench/client_overhead.py's `make_body`: SGLang's shape, per-token logprobs, 128 tokens per
+   sample, a quarter stopping early): orjson parse + Rollouts + DataFrame + tensors, median of 3,
+   in ms and microseconds per token, and as a share of rlgen's measured wall time for that size.
+
+    python bench/scaling.py --out scaling.json                       # on the GPU machine
+    python bench/scaling.py --out /tmp/sc.json --backend cpu --quick  # smoke test anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import _common as C
+from client_overhead import make_body, run_variant
+
+SIZES = {"full": ((1, 8, 64, 256, 1024, 4096), 64, 128), "quick": ((1, 2, 4), 8, 4)}
+METHODS = ("raw", "rlgen")
+CLIENT_REPEATS = 3
+
+
+def fit_repeats(wanted: int, tokens: int, tok_s: float | None, remaining_s: float) -> int:
+    """Repeats of both methods that fit in `remaining_s`, if each run makes `tokens` at `tok_s`."""
+    if not tok_s:
+        return wanted
+    per_repeat = len(METHODS) * tokens / tok_s
+    return max(1, min(wanted, int(remaining_s // per_repeat)))
+
+
+def gpu_curve(args: argparse.Namespace, model: str, record: C.Record) -> None:
+    import rlgen
+
+    sizes, prompt_len, new_tokens = SIZES["quick" if args.quick else "full"]
+    C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
+    t0 = time.monotonic()
+    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
+    try:
+        record["server"] = {"start_s": time.monotonic() - t0, "argv": eng._server.argv, "log_path": eng.log_path}
+        C.log(f"server ready in {record['server']['start_s']:.1f} s")
+        deadline = time.monotonic() + args.budget_s
+        last_tok_s: float | None = None
+        with C.RawClient(eng.url) as raw:
+            methods = {"raw": raw.one_request, "rlgen": lambda wl: C.rlgen_generate(eng, wl)}
+            for size in sizes:
+                wl = C.token_workload(f"batch{size}", size, prompt_len, new_tokens, seed=size)
+                repeats = fit_repeats(C.repeats_of(args), size * new_tokens, last_tok_s, deadline - time.monotonic())
+                C.log(f"batch {size}: {wl.describe}; {repeats} repeats")
+                result = C.run_interleaved(methods, wl, repeats=repeats, warmup=wl.head(64),
+                                           before_each=lambda: C.flush_cache(eng.url), label=f"batch{size}/")
+                record["gpu"][str(size)] = {"workload": wl.summary(), "repeats": repeats, "methods": result}
+                record.save()
+                last_tok_s = C.median_or_none([m["median_tok_s"] for m in result.values()]) or last_tok_s
+    finally:
+        C.log("closing the server")
+        eng.close()
+
+
+def client_curve(args: argparse.Namespace, record: C.Record) -> None:
+    """Parse + Rollouts + DataFrame + tensors for synthetic bodies of each size (CPU only)."""
+    sizes, _, new_tokens = SIZES["quick" if args.quick else "full"]
+    run_variant(*make_body(4, 8, 1, 0), 1, True)  # imports pandas/torch outside the timings
+    for size in sizes:
+        body, prompts = make_body(size, new_tokens, 1, 0, seed=size)
+        runs = [run_variant(body, prompts, 1, True) for _ in range(CLIENT_REPEATS)]
+        parts = {k: statistics.median(r[k] for r in runs) for k in ("parse", "build", "tensors", "free")}
+        total, tokens = sum(parts.values()), runs[0]["tokens"]
+        record["client"][str(size)] = {"body_mb": len(body) / 1e6, "tokens": tokens, "runs": runs,
+                                       "median_s": parts, "total_s": total, "us_per_token": 1e6 * total / tokens}
+        C.log(f"client cost, {size} samples: {1e3 * total:.1f} ms ({1e6 * total / tokens:.2f} us/token)")
+    record.save()
+
+
+def report(record: C.Record) -> None:
+    rows = []
+    for size, entry in record["gpu"].items():
+        m = entry["methods"]
+        raw, ours = m["raw"]["median_tok_s"], m["rlgen"]["median_tok_s"]
+        client = record["client"].get(size, {})
+        share = C.ratio(client.get("total_s"), m["rlgen"]["median_s"])
+        rows.append([size, entry["workload"]["samples"], C.fmt(raw), C.fmt(ours), C.fmt(C.ratio(ours, raw), ".3f"),
+                     C.fmt(m["rlgen"]["median_s"], ".3f"), C.fmt(1e3 * client["total_s"] if client else None, ".1f"),
+                     C.fmt(100 * share if share is not None else None, ".1f"), entry["repeats"],
+                     "; ".join(f"{k}: {v['error']}" for k, v in m.items() if v["error"])])
+    C.print_table("generated tokens/s vs batch size, medians (raw and rlgen interleaved on one server)",
+                  ["batch", "samples", "raw tok/s", "rlgen tok/s", "rlgen/raw", "rlgen s", "client ms",
+                   "client % of rlgen", "repeats", "error"], rows)
+    C.print_table(f"client-side cost of one result (synthetic bodies, CPU only; median of {CLIENT_REPEATS})",
+                  ["samples", "tokens", "body MB", "parse ms", "build+df ms", "tensors ms", "free ms", "total ms", "us/token"],
+                  [[size, int(c["tokens"]), C.fmt(c["body_mb"], ".1f"),
+                    *(C.fmt(1e3 * c["median_s"][k], ".1f") for k in ("parse", "build", "tensors", "free")),
+                    C.fmt(1e3 * c["total_s"], ".1f"), C.fmt(c["us_per_token"], ".2f")]
+                   for size, c in record["client"].items()])
+
+
+def main() -> None:
+    ap = C.base_parser(__doc__)
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="seconds for the GPU timing loop; a size whose repeats would not fit gets fewer (default 300)")
+    ap.add_argument("--skip-client", action="store_true", help="skip the CPU-only client-cost curve")
+    args = ap.parse_args()
+
+    C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
+    model = C.model_path(args.model)
+    record = C.Record(args.out, args, "bench/scaling.py")
+    record.data.update(model=model, gpu={}, client={})
+    record.save()
+    try:
+        gpu_curve(args, model, record)
+    except Exception as err:  # noqa: BLE001 - the client curve and the report still run
+        record["gpu_error"] = f"{type(err).__name__}: {err}"
+        C.log(f"GPU part FAILED: {record['gpu_error']}")
+    record.save()
+    if not args.skip_client:
+        client_curve(args, record)
+    report(record)
+    record.save(complete=True)
+    C.log(f"wrote {os.path.abspath(args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""Start-up cost: seconds to the first generated token, GPU memory held, and throughput, per configuration.
+
+Not a test. Starts each configuration fresh, one after the other (the previous one closed and its
+GPU memory back first), and measures:
+
+    ready_s        launch -> healthy (raw) / rlgen.Engine(...) returned (rlgen)
+    first_token_s  launch -> a 1-token generation returned: the number a user waits for
+    GPU memory     nvidia-smi memory.used (all GPUs) minus its value just before the launch, after
+                   the first token and again after the workload (peak of the two); also the
+                   per-process view (`--query-compute-apps`, summed over the server's pids), which
+                   a container may leave empty
+    throughput     workload a (256 prompts x 64 tokens -> 128 new, ignore_eos, logprobs on): rlgen
+                   generate (incl. DataFrame and tensors), or one raw batched /generate with the
+                   same flags for the raw launch; one warm-up, then 2 repeats, median
+    phases         when the server log first shows "Load weight begin", "Load weight end", "KV
+                   Cache is allocated", "Capture ... cuda graph begin" (first) / "end" (last) and
+                   "The server is fired up and ready to roll!", seconds since launch (the log is
+                   tailed every 0.1 s while starting)
+
+Configurations:
+    sglang-defaults   python -m sglang.launch_server --model-path M <site flags> --host --port, in its
+                      own session, log to a file, killed by process group afterwards
+    rlgen-defaults    rlgen.Engine(M, backend="sglang", progress=False)
+    rlgen-fast_start  the same with fast_start=True
+
+The first SGLang start on a fresh machine is much slower (no .pyc, no Triton cache: 134 s vs ~50 s
+measured), so by default a throw-away start of the first configuration runs before the timed ones
+(`--no-warm-start` to skip it; its numbers are kept under "warm_start"). Targets printed: rlgen
+fast_start <= 25 s to the first token; rlgen defaults hold <= 25% of the GPU's memory with
+throughput within 10% of SGLang's defaults. Server logs go next to --out (<stem>-logs/).
+
+    python bench/startup.py --out startup.json                     # on the GPU machine
+    python bench/startup.py --out /tmp/s.json --backend cpu --quick # smoke test (no raw SGLang launch)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as C
+
+CONFIGS = ("sglang-defaults", "rlgen-defaults", "rlgen-fast_start")
+# (key, pattern, which occurrence) in the server log, case-insensitive.
+MARKERS = (
+    ("load_begin", r"load weight begin", "first"),
+    ("load_end", r"load weight end", "first"),
+    ("kv_alloc", r"kv cache is allocated", "first"),
+    ("graph_begin", r"captur\w* .*cuda graph.*\bbegin", "first"),
+    ("graph_end", r"captur\w* .*cuda graph.*\bend\b", "last"),
+    ("fired_up", r"the server is fired up and ready to roll", "first"),
+)
+# Start-up segments: each ends at a point and starts at the latest earlier point the run has
+# (markers missing from a log, e.g. no CUDA graphs with fast_start, merge into the next segment).
+SEGMENTS = (
+    ("spawn+imports", "load_begin"),
+    ("load weights", "load_end"),
+    ("KV cache", "kv_alloc"),
+    ("-> graphs", "graph_begin"),
+    ("CUDA graphs", "graph_end"),
+    ("-> fired up", "fired_up"),
+    ("-> ready", "ready"),
+    ("-> 1st token", "first_token"),
+)
+THROUGHPUT_REPEATS = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching the log while a server starts
+
+
+class LogWatcher(threading.Thread):
+    """Tails a log file every `interval` s and notes when each marker's line first (or last) shows."""
+
+    def __init__(self, path: Path, t0: float, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.path, self.t0, self.interval = path, t0, interval
+        self.seen: dict[str, dict[str, Any]] = {}
+        self._offset, self._partial = 0, ""
+        self._stop_event = threading.Event()
+        self._patterns = [(key, re.compile(pat, re.IGNORECASE), which) for key, pat, which in MARKERS]
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            self._read()
+
+    def stop(self) -> dict[str, dict[str, Any]]:
+        self._stop_event.set()
+        self.join(timeout=5)
+        self._read()
+        return self.seen
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return
+        now = time.monotonic() - self.t0
+        self._offset += len(chunk)
+        *lines, self._partial = re.split(r"[\r\n]", self._partial + chunk.decode("utf-8", errors="replace"))
+        for line in lines:
+            for key, pattern, which in self._patterns:
+                if pattern.search(line) and (which == "last" or key not in self.seen):
+                    self.seen[key] = {"s": round(now, 2), "line": line.strip()[:240]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The configurations: each starts, generates its first token, runs the workload, and closes
+
+
+class RawSGLang:
+    """`python -m sglang.launch_server` with SGLang's defaults (plus the site flags), as a user runs it."""
+
+    module = "sglang.launch_server"  # rlgen.cpu_server takes the same command line (for testing this class)
+
+    def __init__(self, model: str, log_dir: Path) -> None:
+        self.model, self.log_path = model, log_dir / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        from rlgen._server import _with_pdeathsig
+
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", self.module, "--model-path", self.model, *C.site_flags(),
+               "--host", "127.0.0.1", "--port", str(port)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            log.write(f"[bench] {' '.join(cmd)}\n".encode())
+            log.flush()
+            # Own session (close() kills the group); a parent-death signal so that a benchmark killed
+            # at its time limit leaves no server holding the GPU (setpriv execs: same pid).
+            self.proc = subprocess.Popen(_with_pdeathsig(cmd), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                         start_new_session=True)
+        self._wait_healthy(timeout=600)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.module} exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if C.http_request(self.url, "/health_generate", timeout=5)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.module} not healthy within {timeout:g} s; see {self.log_path}")
+
+    def first_token(self) -> None:
+        status, body = C.http_request(self.url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}},
+                                      timeout=120)
+        if status != 200:
+            raise RuntimeError(f"/generate failed with HTTP {status}: {body[:200]!r}")
+
+    def pids(self) -> list[int]:
+        import psutil
+
+        if self.proc is None:
+            return []
+        try:
+            return [self.proc.pid, *(c.pid for c in psutil.Process(self.proc.pid).children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def throughput_method(self) -> tuple[Any, Any]:
+        raw = C.RawClient(self.url)
+        return raw.one_request, raw.close
+
+    def close(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL to it after 15 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)  # start_new_session: the group id is the server's pid
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group (workers)
+        except ProcessLookupError:
+            pass
+
+
+class RlgenLaunch:
+    """`rlgen.Engine(model, backend=..., progress=False, **kwargs)`, its log in a known directory."""
+
+    def __init__(self, model: str, log_dir: Path, backend: str, **kwargs: Any) -> None:
+        self.model, self.log_dir, self.backend, self.kwargs = model, log_dir, backend, kwargs
+        self.log_path = log_dir / "server.log"  # where rlgen writes it when given log_dir
+        self.eng: Any = None
+
+    def start(self) -> None:
+        import rlgen
+
+        self.eng = rlgen.Engine(self.model, backend=self.backend, progress=False, log_dir=self.log_dir, **self.kwargs)
+
+    def first_token(self) -> None:
+        self.eng.generate("Hi", max_new_tokens=1)
+
+    def pids(self) -> list[int]:
+        return self.eng._server.pids() if self.eng is not None else []
+
+    def throughput_method(self) -> tuple[Any, Any]:
+        return (lambda wl: C.rlgen_generate(self.eng, wl)), (lambda: None)
+
+    def close(self) -> None:
+        if self.eng is not None:
+            self.eng.close()
+
+
+def make_launch(config: str, model: str, log_dir: Path, backend: str) -> RawSGLang | RlgenLaunch:
+    if config == "sglang-defaults":
+        return RawSGLang(model, log_dir)
+    return RlgenLaunch(model, log_dir, backend, **({"fast_start": True} if config == "rlgen-fast_start" else {}))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# One measured start
+
+
+def measure(config: str, args: argparse.Namespace, model: str, log_dir: Path, workload: C.Workload) -> dict[str, Any]:
+    """Start `config` fresh, time it to the first token, read GPU memory, run the workload, close it."""
+    out: dict[str, Any] = {"config": config, "log_path": None, "error": None}
+    total = C.gpu_total_mib()
+    before = C.gpu_used_mib()
+    out.update(gpu_total_mib=total, gpu_used_before_mib=before)
+    launch = make_launch(config, model, log_dir, args.backend)
+    out["log_path"] = str(launch.log_path)
+    launch.log_path.unlink(missing_ok=True)  # a log left by an earlier run must not feed the watcher
+    C.log(f"{config}: launching (log {launch.log_path})")
+    t0 = time.monotonic()
+    watcher = LogWatcher(launch.log_path, t0)
+    watcher.start()
+    try:
+        launch.start()
+        out["ready_s"] = time.monotonic() - t0
+        launch.first_token()
+        out["first_token_s"] = time.monotonic() - t0
+        C.log(f"{config}: ready after {out['ready_s']:.1f} s, first token after {out['first_token_s']:.1f} s")
+        out["phases"] = watcher.stop()
+        out["memory_ready"] = _memory(launch.pids(), before)
+        method, done = launch.throughput_method()
+        try:
+            out["throughput"] = C.run_interleaved({config: method}, workload, repeats=C.repeats_of(args),
+                                                  warmup=workload.head(64), label=f"{config}/")[config]
+        finally:
+            done()
+        out["memory_after_workload"] = _memory(launch.pids(), before)
+    except Exception as err:  # noqa: BLE001 - the other configurations still run
+        out["error"] = f"{type(err).__name__}: {err}"
+        C.log(f"{config}: FAILED: {out['error']}")
+    finally:
+        if "phases" not in out:
+            out["phases"] = watcher.stop()
+        t_close = time.monotonic()
+        try:
+            launch.close()
+        except Exception as err:  # noqa: BLE001
+            out["close_error"] = f"{type(err).__name__}: {err}"
+        out["close_s"] = time.monotonic() - t_close
+        out["gpu_release_wait_s"] = C.wait_gpu_back(before)
+    held = [m["delta_mib"] for m in (out.get("memory_ready"), out.get("memory_after_workload")) if m and m["delta_mib"] is not None]
+    out["gpu_held_peak_mib"] = max(held) if held else None
+    out["gpu_held_pct"] = 100 * out["gpu_held_peak_mib"] / total if held and total else None
+    return out
+
+
+def _memory(pids: list[int], before: int | None) -> dict[str, Any]:
+    used = C.gpu_used_mib()
+    return {"used_mib": used, "delta_mib": used - before if used is not None and before is not None else None,
+            "per_process_mib": C.compute_apps_mib(pids), "pids": pids}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def report(record: C.Record, configs: list[str]) -> None:
+    runs = {r["config"]: r for r in record["runs"]}
+    base = (runs.get("sglang-defaults", {}).get("throughput") or {}).get("median_tok_s")
+    rows = []
+    for name in configs:
+        r = runs.get(name, {})
+        tok_s = (r.get("throughput") or {}).get("median_tok_s")
+        per_process = (r.get("memory_after_workload") or r.get("memory_ready") or {}).get("per_process_mib")
+        rows.append([name, C.fmt(r.get("ready_s"), ".1f"), C.fmt(r.get("first_token_s"), ".1f"),
+                     C.fmt(r.get("gpu_held_peak_mib")), C.fmt(r.get("gpu_held_pct"), ".1f"), C.fmt(per_process),
+                     C.fmt(tok_s), C.fmt(C.ratio(tok_s, base), ".3f"), r.get("error") or ""])
+    warm = record.data.get("warm_start")
+    if warm:
+        rows.append([_label(warm, warm), C.fmt(warm.get("ready_s"), ".1f"),
+                     C.fmt(warm.get("first_token_s"), ".1f"), "", "", "", "", "", warm.get("error") or ""])
+    C.print_table("start-up (one fresh start each; memory = nvidia-smi memory.used minus before the launch, peak)",
+                  ["config", "ready s", "1st token s", "GPU MiB", "GPU %", "per-proc MiB", "tok/s (a)",
+                   "vs sglang", "error"], rows)
+    print(f"  the warm-up start was the first server start in this run (Triton cache existed before it: "
+          f"{record['triton_cache_existed']}); this process's client imports took "
+          f"{C.fmt(record['client_imports_s'], '.1f')} s before any timed start", flush=True)
+
+    timed = [runs[n] for n in configs if n in runs] + ([warm] if warm else [])
+    mark_keys = [k for k, _, _ in MARKERS]
+    C.print_table("where start-up time goes: seconds since launch when the log first shows each marker",
+                  ["config", *mark_keys, "ready", "first_token"],
+                  [[_label(r, warm), *(C.fmt((r.get("phases") or {}).get(k, {}).get("s"), ".1f") for k in mark_keys),
+                    C.fmt(r.get("ready_s"), ".1f"), C.fmt(r.get("first_token_s"), ".1f")] for r in timed])
+    C.print_table("... as segments (s; a missing marker's time is in the next segment)", ["config", *(s[0] for s in SEGMENTS)],
+                  [[_label(r, warm), *(C.fmt(v, ".1f") for v in _segments(r))] for r in timed])
+
+    print("\ntargets", flush=True)
+    targets = C.Targets()
+    fast, dflt = runs.get("rlgen-fast_start", {}), runs.get("rlgen-defaults", {})
+    targets.check("rlgen fast_start: seconds to the first token", fast.get("first_token_s"), "<=", 25.0, " s")
+    targets.check("rlgen defaults: % of GPU memory held", dflt.get("gpu_held_pct"), "<=", 25.0, " %")
+    dflt_tok_s = (dflt.get("throughput") or {}).get("median_tok_s")
+    targets.check("rlgen defaults: throughput / sglang defaults", C.ratio(dflt_tok_s, base), ">=", 0.90, "x")
+    record["targets"] = targets.rows
+
+
+def _label(run: dict[str, Any], warm: dict[str, Any] | None) -> str:
+    return f"{run['config']} (warm-up start)" if run is warm else run["config"]
+
+
+def _segments(run: dict[str, Any]) -> list[float | None]:
+    """Seconds spent in each of SEGMENTS (None where its end point is missing)."""
+    phases = run.get("phases") or {}
+    previous, out = 0.0, []
+    for _, point in SEGMENTS:
+        at = run.get(f"{point}_s") if point in ("ready", "first_token") else phases.get(point, {}).get("s")
+        out.append(None if at is None else at - previous)
+        previous = previous if at is None else at
+    return out
+
+
+def _import_client(model: str) -> float:
+    """Import rlgen and load the tokenizer once, so no timed start pays this process's first imports.
+
+    A fresh notebook pays them once on its first Engine; the time is recorded as client_imports_s.
+    """
+    t0 = time.monotonic()
+    import rlgen  # noqa: F401
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(model)
+    seconds = time.monotonic() - t0
+    C.log(f"client imports (rlgen, transformers, tokenizer): {seconds:.1f} s, kept out of every timed start")
+    return seconds
+
+
+def main() -> None:
+    ap = C.base_parser(__doc__, repeats=THROUGHPUT_REPEATS)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    ap.add_argument("--warm-start", action=argparse.BooleanOptionalAction, default=True,
+                    help="a throw-away start first, so caches are warm for the timed ones (default on)")
+    args = ap.parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs or set(configs) - set(CONFIGS):
+        ap.error(f"--configs takes a comma-separated subset of {','.join(CONFIGS)}")
+
+    C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
+    model = C.model_path(args.model)
+    record = C.Record(args.out, args, "bench/startup.py")
+    if args.backend == "cpu" and "sglang-defaults" in configs:
+        configs.remove("sglang-defaults")
+        record["skipped"] = {"sglang-defaults": "--backend cpu: a raw SGLang launch needs SGLang on a GPU"}
+        C.log("sglang-defaults SKIPPED: --backend cpu (a raw SGLang launch needs SGLang on a GPU)")
+    s = (4, 8, 4) if args.quick else (256, 64, 128)
+    workload = C.token_workload("a", *s, seed=1)
+    client_imports_s = _import_client(model)
+    triton_cache = Path.home() / ".triton" / "cache"
+    record.data.update(model=model, workload=workload.summary(), runs=[], logs=str(C.logs_dir(args.out, "")),
+                       client_imports_s=client_imports_s,
+                       triton_cache_existed=triton_cache.is_dir() and any(triton_cache.iterdir()))
+    record.save()
+
+    if args.warm_start and configs:
+        C.log(f"warm start (throw-away, first start in this run): {configs[0]}")
+        record["warm_start"] = measure(configs[0], args, model, C.logs_dir(args.out, f"warm-{configs[0]}"),
+                                      workload.head(4))
+        record.save()
+    for i, config in enumerate(configs):
+        run = measure(config, args, model, C.logs_dir(args.out, config), workload)
+        run["first_start_in_run"] = i == 0 and not args.warm_start
+        record["runs"].append(run)
+        record.save()
+    report(record, configs)
+    record.save(complete=True)
+    C.log(f"wrote {os.path.abspath(args.out)}")
+
+
+if __name__ == "__main__":
+    main()
