@@ -17,7 +17,6 @@ import os
 import queue
 import shlex
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -179,7 +178,6 @@ class Engine:
         self._state = EngineState.STARTING
         self._progress = progress
         self._request_timeout = request_timeout
-        self._lock = threading.Lock()
         self.last_result: Any = None  # the last generate()'s Rollouts, also when it was interrupted
         self._weight_updates = 0
 

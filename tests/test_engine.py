@@ -204,6 +204,16 @@ def test_paused_block_releases_and_resumes_with_unchanged_outputs(engine) -> Non
     assert after.df.completion.tolist() == before.df.completion.tolist()
 
 
+@pytest.mark.timeout(120)
+def test_metrics_come_back_as_a_dataframe_when_enabled(model_path: str) -> None:
+    with rlgen.Engine(model_path, backend=BACKEND, progress=False, enable_metrics=True) as eng:
+        eng.generate(["Hi", "Yo"], max_new_tokens=3, ignore_eos=True)
+        m = eng.metrics()
+        assert list(m.columns) == ["name", "labels", "value"]
+        generated = m[m.name == "sglang:generation_tokens_total"].value.sum()
+        assert generated >= 6
+
+
 @cpu_only
 @pytest.mark.timeout(120)
 def test_release_memory_needs_the_memory_saver_and_says_so(model_path: str) -> None:

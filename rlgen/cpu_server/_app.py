@@ -62,6 +62,9 @@ class ServerState:
     weight_version: str = "default"
     ready: bool = False
     death: MidRequestDeath = field(default_factory=MidRequestDeath)
+    # Prometheus counters under SGLang's metric names (served at /metrics with --enable-metrics)
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total"), 0.0))
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     def token_text(self, token_id: int) -> str:
@@ -109,6 +112,8 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/abort_request", routes.abort_request)
     app.router.add_post("/update_weights_from_disk", routes.update_weights_from_disk)
     app.router.add_post("/update_weight_version", routes.update_weight_version)
+    if state.server_args.get("enable_metrics"):
+        app.router.add_get("/metrics", routes.metrics)
     return app
 
 
@@ -203,9 +208,22 @@ class Routes:
                 meta["output_top_logprobs"] = [_tuples(row, text) for row in out.output_top_logprobs or []]
         if out.finished:
             meta["e2e_latency"] = time.monotonic() - started
+            counters = self.state.counters
+            counters["sglang:prompt_tokens_total"] += out.prompt_tokens
+            counters["sglang:generation_tokens_total"] += len(out.output_ids)
+            counters["sglang:num_requests_total"] += 1
         return {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}
 
     # ---- health and info ---------------------------------------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text format, as SGLang's /metrics with --enable-metrics (a small subset)."""
+        label = f'{{model_name="{self.state.served_model_name}"}}'
+        lines = []
+        for name, value in self.state.counters.items():
+            lines += [f"# TYPE {name} counter", f"{name}{label} {value}"]
+        lines += ["# TYPE sglang:num_running_reqs gauge", f"sglang:num_running_reqs{label} {self.state.runner.num_running}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def health(self, request: web.Request) -> web.Response:
         """200 once the scheduler produces anything (like SGLang's health_generate), else 503."""

@@ -1,5 +1,5 @@
 """Diagnostic: does return_logprob change SGLang's greedy answer? (flushes the prefix cache between calls)"""
-import json, os, sys, time, urllib.request
+import json, os, urllib.request
 import rlgen
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
