@@ -336,6 +336,7 @@ class PhaseLine:
         self._last_write = -math.inf
         self._width = 0
         self._handle: Any = None
+        self._last_line = ""
         self.closed = False
 
     def update(self, phase: str, elapsed_s: float) -> None:
@@ -389,6 +390,13 @@ class PhaseLine:
             self._render_notebook(text, state)
             return
         stream = self._stream()
+        if not self._live_terminal():
+            # A log file or a pipe: one plain line per phase (a \r rewrite would run them together).
+            if text != self._last_line:
+                stream.write(text + "\n")
+                stream.flush()
+            self._last_line = text
+            return
         # Wrapping would turn the \r rewrite into a new line each time; keep it within the width.
         width = shutil.get_terminal_size((100, 24)).columns - 1
         text = text if len(text) <= width else text[: width - 1] + "…"

@@ -404,3 +404,11 @@ def test_a_new_engine_reaps_servers_left_by_a_dead_kernel(model_path: str, tmp_p
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_each_row_of_a_batch_has_its_own_latency(engine) -> None:
+    story = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+    res = engine.generate([CAPITAL, story], n=2, max_new_tokens=48, temperature=0)
+    tokens, latency = res.df.completion_tokens.tolist(), res.df.latency_s.tolist()
+    assert tokens[0] < tokens[2]  # the chat answer stops early, the story runs to max_new_tokens
+    assert 0 < latency[0] < latency[2]

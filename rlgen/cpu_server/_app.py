@@ -207,7 +207,7 @@ class Routes:
                 ]
                 meta["output_top_logprobs"] = [_tuples(row, text) for row in out.output_top_logprobs or []]
         if out.finished:
-            meta["e2e_latency"] = time.monotonic() - started
+            meta["e2e_latency"] = out.produced_at - started
             counters = self.state.counters
             counters["sglang:prompt_tokens_total"] += out.prompt_tokens
             counters["sglang:generation_tokens_total"] += len(out.output_ids)

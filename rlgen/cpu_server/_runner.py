@@ -82,6 +82,9 @@ class SeqOutput:
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     # (HTTP status, message) when the scheduler failed this sequence.
     error: tuple[int, str] | None = None
+    # time.monotonic() when the scheduler took this snapshot: a finished sequence's finish time, so
+    # that each row of a batch gets its own e2e_latency, as in SGLang
+    produced_at: float = field(default_factory=time.monotonic)
 
     @property
     def finished(self) -> bool:
