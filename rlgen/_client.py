@@ -19,7 +19,7 @@ import orjson
 
 from ._errors import RequestError, RequestTimeout, ServerRequestError
 
-__all__ = ["Client"]
+__all__ = ["Client", "parse_prometheus"]
 
 
 class Client:
@@ -166,3 +166,18 @@ def _status_error(path: str, status: int, raw: bytes) -> ServerRequestError:
         message = err.get("message", err) if isinstance(err, dict) else (err or body.get("message") or body)
     text = str(message)
     return ServerRequestError(f"{path} failed with HTTP {status}: {text}", status=status, body=text)
+
+
+def parse_prometheus(text: str) -> list[dict[str, Any]]:
+    """Rows of SGLang's /metrics (Prometheus text format): name, labels (as written), value."""
+    rows = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name, _, labels = name_labels.partition("{")
+        try:
+            rows.append({"name": name, "labels": labels.rstrip("}"), "value": float(value)})
+        except ValueError:
+            continue
+    return rows

@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import importlib.util
 import json
 import os
 import queue
-import shlex
-import sys
 import time
 import warnings
 import weakref
@@ -24,23 +21,15 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from . import _loop
-from ._client import Client
+from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ._generate import GenerateJob, run_generate
+from ._launch import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 from ._models import resolve_model
 from ._prompts import normalize_prompts
 from ._sampling import SAMPLING_NAMES, Sampling, check_unknown_options
 
 __all__ = ["Engine", "EngineState"]
-
-# Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
-# reserved 69 GB of KV cache for a 135M model on an H200; 0.2 left it ~30 GB in all (measured
-# 2026-11-30), leaving the rest for the notebook's own torch work.
-DEFAULT_GPU_MEMORY_FRACTION = 0.2
-# Extra server flags for every SGLang launch, e.g. "--attention-backend triton" on a machine
-# without FA3 kernels. Appended before the user's `server_args`.
-SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
-
 
 class EngineState(enum.Enum):
     STARTING = "starting"  # the server is being launched
@@ -111,10 +100,10 @@ class Engine:
         # 1) What to serve, and with which backend.
         resolved = resolve_model(model)
         self.model, self.model_path = resolved.name, resolved.path
-        self.backend = _choose_backend(backend)
+        self.backend = choose_backend(backend)
         self._memory_saver = enable_memory_saver
         self._metrics_enabled = enable_metrics
-        argv = _server_argv(
+        argv = server_argv(
             self.backend,
             resolved.path,
             gpu_memory_fraction=gpu_memory_fraction,
@@ -625,8 +614,10 @@ class Engine:
         self._check_ready()
         if not self._metrics_enabled:
             raise EngineError("metrics() needs the Engine started with enable_metrics=True")
+        import pandas as pd
+
         text = _loop.run_sync(self._client.get("/metrics", timeout=30))
-        return _parse_prometheus(text)
+        return pd.DataFrame(parse_prometheus(str(text)), columns=["name", "labels", "value"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,81 +631,6 @@ def _reap_leftovers() -> None:
     if stopped:
         pids = ", ".join(str(r["pid"]) for r in stopped)
         warnings.warn(f"rlgen stopped {len(stopped)} server(s) whose kernel had died (pid {pids})", stacklevel=3)
-
-
-def _choose_backend(backend: str) -> str:
-    if backend not in ("auto", "sglang", "cpu"):
-        raise ValueError(f"backend must be 'auto', 'sglang' or 'cpu', got {backend!r}")
-    has_sglang = importlib.util.find_spec("sglang") is not None
-    if backend == "sglang":
-        if not has_sglang:
-            raise EngineError("backend='sglang' needs SGLang: pip install 'rlgen[sglang]' (on a CUDA machine)")
-        return "sglang"
-    if backend == "cpu":
-        return "cpu"
-    if has_sglang:
-        import torch
-
-        if torch.cuda.is_available():
-            return "sglang"
-    return "cpu"
-
-
-def _server_argv(
-    backend: str,
-    model_path: str,
-    *,
-    gpu_memory_fraction: float,
-    fast_start: bool,
-    enable_memory_saver: bool,
-    enable_metrics: bool,
-    server_args: Mapping[str, Any] | Sequence[str] | None,
-) -> list[str]:
-    """The server command: rlgen's defaults first, then RLGEN_SGLANG_ARGS, then the user's args."""
-    user = _flags(server_args)
-    if backend == "cpu":
-        argv = [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path]
-        if enable_metrics:
-            argv.append("--enable-metrics")
-        return argv + user
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
-    defaults: list[str] = []
-    if not _has_flag(user, "--mem-fraction-static"):
-        defaults += ["--mem-fraction-static", f"{gpu_memory_fraction:g}"]
-    if fast_start:
-        # CUDA-graph capture and the warm-up request are most of a restart's non-import time.
-        defaults += ["--disable-cuda-graph", "--skip-server-warmup"]
-    if enable_memory_saver:
-        defaults.append("--enable-memory-saver")
-    if enable_metrics:
-        defaults.append("--enable-metrics")
-    site = shlex.split(os.environ.get(SGLANG_ARGS_ENV, ""))
-    return argv + defaults + site + user
-
-
-def _flags(server_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
-    if server_args is None:
-        return []
-    if isinstance(server_args, Mapping):
-        out: list[str] = []
-        for key, value in server_args.items():
-            flag = "--" + key.replace("_", "-").lstrip("-")
-            if value is True:
-                out.append(flag)
-            elif value is False or value is None:
-                continue
-            elif isinstance(value, (list, tuple)):
-                out += [flag, *map(str, value)]
-            else:
-                out += [flag, str(value)]
-        return out
-    if isinstance(server_args, (str, bytes)) or not all(isinstance(a, str) for a in server_args):
-        raise TypeError("server_args must be a dict or a list of strings, e.g. ['--attention-backend', 'triton']")
-    return list(server_args)
-
-
-def _has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 def _load_tokenizer(tokenizer: Any) -> Any:
@@ -772,19 +688,3 @@ def _gpu_memory_mib(pids: list[int]) -> int | None:
     held = [int(parts[1]) for parts in (list(map(str.strip, line.split(","))) for line in out.splitlines())
             if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) in wanted and parts[1].isdigit()]
     return sum(held) if held else None  # None: nvidia-smi shows none of them (e.g. in a container)
-
-
-def _parse_prometheus(text: str) -> Any:
-    import pandas as pd
-
-    rows = []
-    for line in str(text).splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name, _, labels = name_labels.partition("{")
-        try:
-            rows.append({"name": name, "labels": labels.rstrip("}"), "value": float(value)})
-        except ValueError:
-            continue
-    return pd.DataFrame(rows, columns=["name", "labels", "value"])

@@ -1,0 +1,102 @@
+"""What server to launch: the backend choice and the server command line, with rlgen's defaults.
+
+Owns: choosing between SGLang and the CPU backend, and turning the Engine's options into the argv
+of `python -m sglang.launch_server ...` or `python -m rlgen.cpu_server ...` (notebook-friendly
+memory defaults, `fast_start`, site-wide flags from RLGEN_SGLANG_ARGS, and the user's own
+`server_args`, which win). Knows nothing about processes, ports or HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+from typing import Any, Mapping, Sequence
+
+from ._errors import EngineError
+
+__all__ = ["DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "server_argv"]
+
+# Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
+# reserved 69 GB of KV cache for a 135M model on an H200; 0.2 left it ~30 GB in all (measured
+# 2026-11-30), leaving the rest for the notebook's own torch work.
+DEFAULT_GPU_MEMORY_FRACTION = 0.2
+# Extra server flags for every SGLang launch, e.g. "--attention-backend triton" on a machine
+# without FA3 kernels. Appended before the user's `server_args`.
+SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
+
+
+def choose_backend(backend: str) -> str:
+    if backend not in ("auto", "sglang", "cpu"):
+        raise ValueError(f"backend must be 'auto', 'sglang' or 'cpu', got {backend!r}")
+    has_sglang = importlib.util.find_spec("sglang") is not None
+    if backend == "sglang":
+        if not has_sglang:
+            raise EngineError("backend='sglang' needs SGLang: pip install 'rlgen[sglang]' (on a CUDA machine)")
+        return "sglang"
+    if backend == "cpu":
+        return "cpu"
+    if has_sglang:
+        import torch
+
+        if torch.cuda.is_available():
+            return "sglang"
+    return "cpu"
+
+
+def server_argv(
+    backend: str,
+    model_path: str,
+    *,
+    gpu_memory_fraction: float,
+    fast_start: bool,
+    enable_memory_saver: bool,
+    enable_metrics: bool,
+    server_args: Mapping[str, Any] | Sequence[str] | None,
+) -> list[str]:
+    """The server command: rlgen's defaults first, then RLGEN_SGLANG_ARGS, then the user's args."""
+    user = _flags(server_args)
+    if backend == "cpu":
+        argv = [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path]
+        if enable_metrics:
+            argv.append("--enable-metrics")
+        return argv + user
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
+    defaults: list[str] = []
+    if not _has_flag(user, "--mem-fraction-static"):
+        defaults += ["--mem-fraction-static", f"{gpu_memory_fraction:g}"]
+    if fast_start:
+        # CUDA-graph capture and the warm-up request are most of a restart's non-import time.
+        defaults += ["--disable-cuda-graph", "--skip-server-warmup"]
+    if enable_memory_saver:
+        defaults.append("--enable-memory-saver")
+    if enable_metrics:
+        defaults.append("--enable-metrics")
+    site = shlex.split(os.environ.get(SGLANG_ARGS_ENV, ""))
+    return argv + defaults + site + user
+
+
+def _flags(server_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    if server_args is None:
+        return []
+    if isinstance(server_args, Mapping):
+        out: list[str] = []
+        for key, value in server_args.items():
+            flag = "--" + key.replace("_", "-").lstrip("-")
+            if value is True:
+                out.append(flag)
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, (list, tuple)):
+                out += [flag, *map(str, value)]
+            else:
+                out += [flag, str(value)]
+        return out
+    if isinstance(server_args, (str, bytes)) or not all(isinstance(a, str) for a in server_args):
+        raise TypeError("server_args must be a dict or a list of strings, e.g. ['--attention-backend', 'triton']")
+    return list(server_args)
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
