@@ -5,8 +5,8 @@ Owns: one small JSON record per launched server in `<cache>/servers/registry/<pi
 whether a record's server and its owner are still the processes that wrote it. A pid alone is not
 an identity (pids are reused), so every check compares the process's create time as well.
 
-Knows nothing about signals or how to stop a process (that is `_server.py`, which also implements
-`reap()` on top of these records), nor about HTTP.
+Knows nothing about signals or how to stop a process (that is `_process_tree.py`, which also
+implements `reap()` on top of these records), nor about HTTP.
 
 Why a registry at all: a server whose owner died without running its cleanup (a Jupyter kernel
 killed by SIGKILL on a platform without a parent-death signal, or an owner killed in the instant

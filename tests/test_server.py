@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlgen import _registry, _server
+from rlgen import _process_tree, _registry, _server, _server_log
 from rlgen._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
 from rlgen._server import PHASES, ServerState, launch_server
 
@@ -338,12 +338,12 @@ def test_invalid_arguments_are_rejected_before_anything_starts() -> None:
 def test_known_failure_signatures_in_the_log_give_a_one_line_hint(tmp_path: Path, log_line: str, expected: str) -> None:
     log = tmp_path / "server.log"
     log.write_text(f"[rlgen] attempt 1: python -m sglang.launch_server --model-path /x\nline\n{log_line}\n")
-    hint = _server._match_hint(log)
+    hint = _server_log.match_hint(log)
     assert (expected in hint) if expected else hint == ""
 
 
 def test_gpu_memory_check_answers_none_without_a_gpu() -> None:
-    if _server._gpu_pids() is not None:
+    if _process_tree._gpu_pids() is not None:
         pytest.skip("this machine has a GPU driver")
     assert _server.wait_gpu_memory_released([os.getpid()], timeout=1.0) is None
 
