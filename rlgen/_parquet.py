@@ -1,0 +1,143 @@
+"""The parquet file format of `Rollouts`: one file per result, readable as a plain table too.
+
+Owns: the file layout and its version check. The df's own columns are stored as they are (except
+`matched_stop`, which mixes token ids and stop strings and is stored as JSON text); ragged token
+data are list columns named `_rlgen_<name>` beside them (`[T, k]` fields as lists of fixed-size
+lists); `meta_info` is one JSON text per row; pad id, model and sampling are JSON in the file's
+metadata under the key `rlgen`. Knows nothing about `Rollouts` itself, torch or tensors:
+`Rollouts.to_parquet` / `from_parquet` (`_results.py`) hand over and take back the flat arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["StoredRollouts", "read_parquet", "write_parquet"]
+
+_PARQUET_KEY = b"rlgen"
+_PARQUET_VERSION = 1
+
+Ragged = tuple[np.ndarray, np.ndarray]  # flat values, row offsets (see _ragged.py)
+
+
+@dataclass
+class StoredRollouts:
+    """What `read_parquet` returns (offsets rebased to start at 0)."""
+
+    df: pd.DataFrame
+    prompt: Ragged
+    response: Ragged
+    meta_info: list[dict[str, Any]]
+    fields: dict[str, np.ndarray | None]  # optional flat fields, None where the file has none
+    header: dict[str, Any]  # pad_token_id, model, sampling (and the format version)
+
+
+def write_parquet(
+    path: str | os.PathLike[str],
+    df: pd.DataFrame,
+    *,
+    prompt: Ragged,
+    response: Ragged,
+    meta_info: list[dict[str, Any]],
+    fields: dict[str, Ragged],
+    header: dict[str, Any],
+) -> None:
+    """Write one file: df columns, then prompt and response ids, meta_info and `fields` in order.
+
+    Raises:
+        ValueError: a df column name starts with `_rlgen_`.
+        TypeError: a df column parquet cannot hold.
+    """
+    import orjson
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    clash = [c for c in df.columns if str(c).startswith("_rlgen_")]
+    if clash:
+        raise ValueError(f"column names starting with '_rlgen_' are reserved: {clash}")
+    # matched_stop mixes token ids and stop strings, which parquet cannot hold in one column.
+    if "matched_stop" in df:
+        df = df.assign(matched_stop=[json.dumps(m) for m in df["matched_stop"]])
+    try:
+        table = pa.Table.from_pandas(df, preserve_index=False)
+    except (pa.ArrowException, TypeError, ValueError) as err:
+        raise TypeError(f"a df column cannot be written to parquet ({err}); convert it to a plain type") from err
+
+    def ragged(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+        if values.ndim == 2:  # [T, k] -> list<fixed_size_list<k>>
+            inner = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+        else:
+            inner = pa.array(values, type=pa.string()) if values.dtype == object else pa.array(values)
+        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), inner)
+
+    arrays = {
+        "prompt_ids": ragged(*prompt),
+        "response_ids": ragged(*response),
+        "meta_info": pa.array([orjson.dumps(m).decode() for m in meta_info], pa.string()),
+    }
+    for name, (values, offsets) in fields.items():
+        arrays[name] = ragged(values, offsets)
+    for name, arr in arrays.items():
+        table = table.append_column(f"_rlgen_{name}", arr)
+    meta = {"version": _PARQUET_VERSION, **header}
+    schema_meta = {**(table.schema.metadata or {}), _PARQUET_KEY: json.dumps(meta).encode()}
+    table = table.replace_schema_metadata(schema_meta)
+    pq.write_table(table, os.fspath(path))
+
+
+def read_parquet(path: str | os.PathLike[str], field_names: Iterable[str]) -> StoredRollouts:
+    """Read a file written by `write_parquet`, looking for the optional fields `field_names`.
+
+    Raises:
+        ValueError: the file was not written by rlgen, or by another version of the format.
+    """
+    import orjson
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(os.fspath(path))
+    raw = (table.schema.metadata or {}).get(_PARQUET_KEY)
+    if raw is None:
+        raise ValueError(f"{path} was not written by Rollouts.to_parquet (no rlgen metadata)")
+    meta = json.loads(raw)
+    if meta.get("version") != _PARQUET_VERSION:
+        raise ValueError(f"{path} has rlgen parquet version {meta.get('version')}, expected {_PARQUET_VERSION}")
+
+    def ragged(name: str) -> Ragged | None:
+        if f"_rlgen_{name}" not in table.column_names:
+            return None
+        arr = table.column(f"_rlgen_{name}").combine_chunks()
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        values = arr.flatten()
+        if pa.types.is_fixed_size_list(values.type):  # [T, k]
+            k = values.type.list_size
+            values = values.flatten().to_numpy(zero_copy_only=False).reshape(-1, k)
+        else:
+            values = values.to_numpy(zero_copy_only=False)
+        return values, offsets - offsets[0]
+
+    p_ids, p_off = ragged("prompt_ids")  # type: ignore[misc]
+    r_ids, r_off = ragged("response_ids")  # type: ignore[misc]
+    fields = {name: ragged(name) for name in field_names}
+    metas = [orjson.loads(s) for s in table.column("_rlgen_meta_info").to_pylist()]
+    df = table.drop_columns([c for c in table.column_names if c.startswith("_rlgen_")]).to_pandas()
+    if "matched_stop" in df:
+        # An object Series: a plain list of strings and None would become pandas' str dtype.
+        df["matched_stop"] = pd.Series([json.loads(m) for m in df["matched_stop"]], dtype=object, index=df.index)
+    return StoredRollouts(
+        df=df,
+        prompt=(p_ids, p_off),
+        response=(r_ids, r_off),
+        meta_info=metas,
+        fields={name: None if f is None else f[0] for name, f in fields.items()},
+        header=meta,
+    )
