@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -22,18 +21,11 @@ import pytest
 from rlgen import _registry
 from rlgen._server import launch_server, list_servers, reap
 
+from _owner import read_line, spawn_owner
+
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 
 # An owner ("kernel") process that launches a server and prints its pid, then waits on stdin.
-OWNER_SCRIPT = r"""
-import json, sys
-from rlgen._server import launch_server
-cfg = json.loads(sys.argv[1])
-server = launch_server(cfg["argv"], startup_timeout=60, _pdeathsig=cfg["pdeathsig"])
-print(json.dumps({"pid": server.pid, "port": server.port}), flush=True)
-sys.stdin.read()
-server.close()
-"""
 
 
 def cpu_server(model_path: str) -> list[str]:
@@ -83,20 +75,10 @@ def alive(proc: subprocess.Popen[bytes]) -> bool:
 @pytest.mark.timeout(90)
 def test_reap_stops_a_server_whose_owner_died_and_spares_a_live_owners_server(model_path: str) -> None:
     # The owner launches without the parent-death signal, as on a platform that has none.
-    cfg = {"argv": cpu_server(model_path), "pdeathsig": False}
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER_SCRIPT, json.dumps(cfg)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    owner = spawn_owner(cpu_server(model_path), pdeathsig=False)
     mine = launch_server(cpu_server(model_path), startup_timeout=80)  # starts while the owner's does
     try:
-        assert owner.stdout is not None
-        ready, _, _ = select.select([owner.stdout], [], [], 80)
-        assert ready, "the owner did not report its server"
-        orphan = json.loads(owner.stdout.readline())
+        orphan = json.loads(read_line(owner, timeout=80))
         orphan_ctime = psutil.Process(orphan["pid"]).create_time()
         assert {s["pid"]: s["status"] for s in list_servers()} == {orphan["pid"]: "running", mine.pid: "running"}
 

@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -30,21 +29,12 @@ from rlgen import _process_tree, _registry, _server, _server_log
 from rlgen._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
 from rlgen._server import PHASES, ServerState, launch_server
 
+from _owner import read_line, spawn_owner
+
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 
 # A "kernel" that owns a server: launches it, prints its pid/port, survives SIGINT the way ipykernel
 # does (Ctrl-C interrupts a cell, not the kernel), and closes the server when stdin closes.
-OWNER_SCRIPT = r"""
-import json, signal, sys
-from rlgen._server import launch_server
-signal.signal(signal.SIGINT, lambda *_: print("interrupted", flush=True))
-cfg = json.loads(sys.argv[1])
-server = launch_server(cfg["argv"], env=cfg["env"], startup_timeout=60, _pdeathsig=cfg["pdeathsig"])
-print(json.dumps({"pid": server.pid, "port": server.port, "log_path": str(server.log_path)}), flush=True)
-sys.stdin.read()
-server.close()
-print("closed", flush=True)
-"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,28 +130,9 @@ def start_owner(
     model_path: str, *, env: dict[str, str] | None = None, pdeathsig: bool = True
 ) -> tuple[subprocess.Popen[str], dict]:
     """Start an owner ("kernel") process in its own session; return it and its server's info."""
-    cfg = {"argv": cpu_server(model_path), "env": env or {}, "pdeathsig": pdeathsig}
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER_SCRIPT, json.dumps(cfg)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    owner = spawn_owner(cpu_server(model_path), env=env, pdeathsig=pdeathsig)
     line = read_line(owner, timeout=60)
     return owner, json.loads(line)
-
-
-def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready:
-        proc.kill()
-        raise AssertionError("the owner process printed nothing in time")
-    line = proc.stdout.readline()
-    if not line:
-        raise AssertionError(f"the owner process exited with {proc.wait()} before printing")
-    return line
 
 
 # ---------------------------------------------------------------------------------------------
