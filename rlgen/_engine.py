@@ -169,6 +169,8 @@ class Engine:
         self._request_timeout = request_timeout
         self.last_result: Any = None  # the last generate()'s Rollouts, also when it was interrupted
         self._weight_updates = 0
+        self._weights_path: str | None = None  # where the served weights were last loaded from
+        self._released: set[str] = set()      # memory tags released and not yet resumed
 
     def _connect(self, *, tokenizer: Any) -> None:
         self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error)
@@ -588,15 +590,14 @@ class Engine:
         self._check_ready()
         body = {"tags": list(tags)} if tags else {}
         _loop.run_sync(self._client.post("/resume_memory_occupation", body))
-        released = getattr(self, "_released", set())
-        resumed = set(tags) if tags else released
-        self._released = released - resumed
+        resumed = set(tags) if tags else self._released
+        self._released = self._released - resumed
         # Seen on SGLang 0.5.17: resume restores the weights' memory but not their values (greedy
         # output was empty). Reload them from disk, keeping the weight version.
         if "weights" in resumed and self.backend != "cpu":
             info = _loop.run_sync(self._client.get("/get_model_info", timeout=30))
             _loop.run_sync(self._client.post("/update_weights_from_disk", {
-                "model_path": getattr(self, "_weights_path", self.model_path),
+                "model_path": self._weights_path or self.model_path,
                 "weight_version": info.get("weight_version"),
             }))
 
@@ -673,18 +674,9 @@ def _close_client(client: Client) -> None:
 
 
 def _gpu_memory_mib(pids: list[int]) -> int | None:
-    """GPU memory held by these processes, per nvidia-smi (None where it cannot tell)."""
-    import shutil
-    import subprocess
+    """GPU memory held by these processes (None where the driver shows none of them)."""
+    from ._process_tree import gpu_memory_by_pid
 
-    if not pids or shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    wanted = set(pids)
-    held = [int(parts[1]) for parts in (list(map(str.strip, line.split(","))) for line in out.splitlines())
-            if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) in wanted and parts[1].isdigit()]
-    return sum(held) if held else None  # None: nvidia-smi shows none of them (e.g. in a container)
+    held = gpu_memory_by_pid() if pids else None
+    mine = [held[pid] for pid in pids if pid in held] if held else []
+    return sum(mine) if mine else None

@@ -62,6 +62,7 @@ __all__ = [
     "is_exiting",
     "reap",
     "spawn",
+    "gpu_memory_by_pid",
     "wait_gpu_memory_released",
 ]
 
@@ -407,6 +408,16 @@ def wait_gpu_memory_released(pids: Sequence[int], *, timeout: float = 30.0, inte
 
 def _gpu_pids() -> set[int] | None:
     """Pids of processes holding GPU memory, or None if that cannot be known here."""
+    held = gpu_memory_by_pid()
+    return None if held is None else set(held)
+
+
+def gpu_memory_by_pid() -> dict[int, int] | None:
+    """GPU memory (MiB) held per process, or None if that cannot be known here.
+
+    Uses pynvml if importable, else `nvidia-smi`. In a container the driver may list no processes
+    at all; callers then see an empty dict.
+    """
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
@@ -415,11 +426,12 @@ def _gpu_pids() -> set[int] | None:
         try:
             pynvml.nvmlInit()
             try:
-                pids: set[int] = set()
+                held: dict[int, int] = {}
                 for i in range(pynvml.nvmlDeviceGetCount()):
                     handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    pids.update(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-                return pids
+                    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                        held[p.pid] = held.get(p.pid, 0) + (p.usedGpuMemory or 0) // (1 << 20)
+                return held
             finally:
                 pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - no driver / no GPU: fall through to nvidia-smi
@@ -429,7 +441,7 @@ def _gpu_pids() -> set[int] | None:
         return None
     try:
         out = subprocess.run(
-            [smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -437,4 +449,9 @@ def _gpu_pids() -> set[int] | None:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return {int(tok) for tok in out.split() if tok.isdigit()}
+    held = {}
+    for line in out.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            held[int(parts[0])] = held.get(int(parts[0]), 0) + (int(parts[1]) if parts[1].isdigit() else 0)
+    return held

@@ -10,6 +10,7 @@ inherits; afterwards no process may carry that marker.
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -411,3 +412,19 @@ def test_sigkilling_the_owner_kills_the_server_and_reap_sweeps_what_is_left(mode
     reaped = _server.reap()
     assert [(r["pid"], r["status"], r["action"]) for r in reaped] == [(info["pid"], "gone", "record removed")]
     assert _registry.read_records() == []
+
+
+def test_gpu_memory_per_process_is_read_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if importlib.util.find_spec("pynvml") is not None:
+        pytest.skip("pynvml is installed: it is asked before nvidia-smi")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '101, 300\\n202, [N/A]\\n101, 20\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    from rlgen._engine import _gpu_memory_mib
+    from rlgen._process_tree import _gpu_pids, gpu_memory_by_pid
+
+    assert gpu_memory_by_pid() == {101: 320, 202: 0}
+    assert _gpu_pids() == {101, 202}
+    assert _gpu_memory_mib([101, 999]) == 320
+    assert _gpu_memory_mib([999]) is None  # the driver shows none of them: cannot tell
