@@ -38,9 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -48,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+from rlgen._server_log import LogFollower
 
 CONFIGS = ("sglang-defaults", "rlgen-defaults", "rlgen-fast_start")
 # (key, pattern, which occurrence) in the server log, case-insensitive.
@@ -85,7 +83,7 @@ class LogWatcher(threading.Thread):
         super().__init__(daemon=True)
         self.path, self.t0, self.interval = path, t0, interval
         self.seen: dict[str, dict[str, Any]] = {}
-        self._offset, self._partial = 0, ""
+        self._follower = LogFollower(path)
         self._stop_event = threading.Event()
         self._patterns = [(key, re.compile(pat, re.IGNORECASE), which) for key, pat, which in MARKERS]
 
@@ -100,15 +98,8 @@ class LogWatcher(threading.Thread):
         return self.seen
 
     def _read(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except OSError:
-            return
+        lines = self._follower.new_lines()
         now = time.monotonic() - self.t0
-        self._offset += len(chunk)
-        *lines, self._partial = re.split(r"[\r\n]", self._partial + chunk.decode("utf-8", errors="replace"))
         for line in lines:
             for key, pattern, which in self._patterns:
                 if pattern.search(line) and (which == "last" or key not in self.seen):
@@ -125,40 +116,18 @@ class RawSGLang:
     module = "sglang.launch_server"  # rlgen.cpu_server takes the same command line (for testing this class)
 
     def __init__(self, model: str, log_dir: Path) -> None:
-        self.model, self.log_path = model, log_dir / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.model, self.log_dir, self.log_path = model, log_dir, log_dir / "server.log"
+        self.server: Any = None
         self.url = ""
 
     def start(self) -> None:
-        from rlgen._server import _with_pdeathsig
+        # rlgen's process ownership (own session, parent-death signal, /health_generate wait, log
+        # in log_dir) around SGLang's own command line: none of rlgen's Engine defaults apply.
+        from rlgen._server import launch_server
 
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", self.module, "--model-path", self.model, *C.site_flags(),
-               "--host", "127.0.0.1", "--port", str(port)]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            log.write(f"[bench] {' '.join(cmd)}\n".encode())
-            log.flush()
-            # Own session (close() kills the group); a parent-death signal so that a benchmark killed
-            # at its time limit leaves no server holding the GPU (setpriv execs: same pid).
-            self.proc = subprocess.Popen(_with_pdeathsig(cmd), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                         start_new_session=True)
-        self._wait_healthy(timeout=600)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.module} exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if C.http_request(self.url, "/health_generate", timeout=5)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"{self.module} not healthy within {timeout:g} s; see {self.log_path}")
+        cmd = [sys.executable, "-m", self.module, "--model-path", self.model, *C.site_flags()]
+        self.server = launch_server(cmd, log_dir=self.log_dir, startup_timeout=600, grace=15.0)
+        self.url = self.server.url
 
     def first_token(self) -> None:
         status, body = C.http_request(self.url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}},
@@ -167,37 +136,16 @@ class RawSGLang:
             raise RuntimeError(f"/generate failed with HTTP {status}: {body[:200]!r}")
 
     def pids(self) -> list[int]:
-        import psutil
-
-        if self.proc is None:
-            return []
-        try:
-            return [self.proc.pid, *(c.pid for c in psutil.Process(self.proc.pid).children(recursive=True))]
-        except psutil.NoSuchProcess:
-            return []
+        return self.server.pids() if self.server is not None else []
 
     def throughput_method(self) -> tuple[Any, Any]:
         raw = C.RawClient(self.url)
         return raw.one_request, raw.close
 
     def close(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL to it after 15 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)  # start_new_session: the group id is the server's pid
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group (workers)
-        except ProcessLookupError:
-            pass
+        """SIGTERM to the server's process group, SIGKILL after 15 s, then a sweep (rlgen's close)."""
+        if self.server is not None:
+            self.server.close()
 
 
 class RlgenLaunch:
@@ -231,12 +179,6 @@ def make_launch(config: str, model: str, log_dir: Path, backend: str) -> RawSGLa
     if config == "sglang-defaults":
         return RawSGLang(model, log_dir)
     return RlgenLaunch(model, log_dir, backend, **({"fast_start": True} if config == "rlgen-fast_start" else {}))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------

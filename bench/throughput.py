@@ -87,7 +87,7 @@ def http_phase(args: argparse.Namespace, model: str, workloads: list[C.Workload]
 def offline_phase(args: argparse.Namespace, model: str, workloads: list[C.Workload], record: C.Record) -> None:
     """Phase 2: sglang.Engine in this process, same workloads, after the HTTP server is gone."""
     import sglang
-    from rlgen._engine import DEFAULT_GPU_MEMORY_FRACTION
+    from rlgen._launch import DEFAULT_GPU_MEMORY_FRACTION
 
     kwargs = {"model_path": model, "mem_fraction_static": DEFAULT_GPU_MEMORY_FRACTION, "log_level": "error",
               **C.site_kwargs()}

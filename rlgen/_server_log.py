@@ -21,6 +21,7 @@ from typing import TypeVar
 from ._errors import ServerStartupError, ServerStartupTimeout
 
 __all__ = [
+    "LogFollower",
     "LOG_HEADER",
     "PHASES",
     "PORT_IN_USE_HINT",
@@ -123,26 +124,36 @@ _TIMEOUT_HINT = (
 # Phases
 
 
-class PhaseTracker:
-    """Reads the log incrementally and maps SGLang's start-up phrases to PHASES (forward only)."""
+class LogFollower:
+    """Reads a growing log file incrementally: each call returns the complete lines added since."""
 
     def __init__(self, log_path: Path) -> None:
         self._path = log_path
         self._offset = 0
         self._partial = ""
-        self.phase = PHASES[0]
 
-    def update(self) -> str:
+    def new_lines(self) -> list[str]:
         try:
             with open(self._path, "rb") as f:
                 f.seek(self._offset)
                 chunk = f.read()
         except OSError:
-            return self.phase
+            return []
         self._offset += len(chunk)
-        text = self._partial + chunk.decode("utf-8", errors="replace")
-        *lines, self._partial = re.split(r"[\r\n]", text)
-        for line in lines:
+        # \r too: progress bars in the log rewrite their line
+        *lines, self._partial = re.split(r"[\r\n]", self._partial + chunk.decode("utf-8", errors="replace"))
+        return lines
+
+
+class PhaseTracker:
+    """Reads the log incrementally and maps SGLang's start-up phrases to PHASES (forward only)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self._follower = LogFollower(log_path)
+        self.phase = PHASES[0]
+
+    def update(self) -> str:
+        for line in self._follower.new_lines():
             lower = line.lower()
             for marker, phase in _PHASE_MARKERS:
                 if marker in lower and PHASES.index(phase) > PHASES.index(self.phase):
