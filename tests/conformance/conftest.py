@@ -2,7 +2,7 @@
 
 One suite, two targets, chosen by environment:
   RLGEN_CONFORMANCE_URL=http://host:port   a server that is already running (real SGLang on the GPU machine)
-  RLGEN_CONFORMANCE_CMD="... {port} ..."   a launch command; {port} and {model} are filled in
+  RLGEN_CONFORMANCE_CMD="... {model} ..."  a launch command; {model} is filled in, --host/--port appended
   (neither)                               rlgen's CPU backend on the test model, launched here
 The suite speaks raw HTTP (stdlib only), so it checks the wire format and nothing of rlgen's client.
 """
@@ -12,11 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -85,16 +81,9 @@ def _decode(raw: bytes) -> Any:
         return raw.decode(errors="replace")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen | None, deadline: float, log: str) -> None:
+def _wait_healthy(url: str, deadline: float) -> None:
+    """Wait for a server someone else started (URL mode)."""
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; log: {log}")
         try:
             with urllib.request.urlopen(url + "/health_generate", timeout=5) as resp:
                 if resp.status == 200:
@@ -102,48 +91,36 @@ def _wait_healthy(url: str, proc: subprocess.Popen | None, deadline: float, log:
         except (OSError, urllib.error.URLError):
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"server at {url} not healthy in time; log: {log}")
+    raise RuntimeError(f"server at {url} not healthy in time")
 
 
 @pytest.fixture(scope="session")
 def target(model_path: str) -> Iterator[Target]:
     from transformers import AutoTokenizer
 
+    from rlgen._server import launch_server
+
     url = os.environ.get("RLGEN_CONFORMANCE_URL")
-    proc = None
+    server = None
     if url:
         url = url.rstrip("/")
-        _wait_healthy(url, None, time.monotonic() + 600, "(external server)")
+        _wait_healthy(url, time.monotonic() + 600)
         with urllib.request.urlopen(url + "/get_model_info", timeout=30) as resp:
             info = json.loads(resp.read())
         served_path = info.get("tokenizer_path") or info["model_path"]
         backend = os.environ.get("RLGEN_CONFORMANCE_BACKEND", "sglang")
     else:
-        port = _free_port()
         cmd = os.environ.get("RLGEN_CONFORMANCE_CMD")
-        argv = (shlex.split(cmd.format(port=port, model=model_path)) if cmd else
-                [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path,
-                 "--host", "127.0.0.1", "--port", str(port)])
+        argv = (shlex.split(cmd.format(model=model_path)) if cmd else
+                [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path])
         backend = "sglang" if "sglang" in " ".join(argv) else "cpu"
-        log = tempfile.NamedTemporaryFile(prefix="rlgen-conformance-", suffix=".log", delete=False)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_healthy(url, proc, time.monotonic() + float(os.environ.get("RLGEN_CONFORMANCE_STARTUP", "600")), log.name)
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        # rlgen's own process ownership: free port, health wait, log file, nothing left behind
+        server = launch_server(argv, startup_timeout=float(os.environ.get("RLGEN_CONFORMANCE_STARTUP", "600")))
+        url = server.url
         served_path = model_path
     tokenizer = AutoTokenizer.from_pretrained(served_path)
     try:
         yield Target(url=url, backend=backend, model_path=served_path, tokenizer=tokenizer)
     finally:
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if server is not None:
+            server.close()
