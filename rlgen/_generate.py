@@ -67,12 +67,16 @@ async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = N
         async with limiter:
             payload, rids = _payload(job, start, stop)
             in_flight.update(dict.fromkeys(rids))
+            cancelled = False
             try:
                 if job.stream:
                     await _send_streamed(client, job, payload, start)
                 else:
                     entries = await client.generate(payload)
                     _store(job, start, entries if isinstance(entries, list) else [entries])
+            except asyncio.CancelledError:
+                cancelled = True  # still running on the server: keep its rids for step 3 to abort
+                raise
             except ServerRequestError as err:
                 raise ServerRequestError(
                     f"prompts {start}..{stop - 1}: {err}", status=err.status, body=err.body, prompt_index=start
@@ -82,8 +86,9 @@ async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = N
                     err.prompt_index = start
                 raise
             finally:
-                for rid in rids:
-                    in_flight.pop(rid, None)
+                if not cancelled:  # answered (or failed): nothing of this chunk is left to abort
+                    for rid in rids:
+                        in_flight.pop(rid, None)
             if on_progress is not None:
                 on_progress((stop - start) * job.n)
 
