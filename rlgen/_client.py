@@ -21,6 +21,14 @@ from ._errors import RequestError, RequestTimeout, ServerRequestError
 
 __all__ = ["Client", "parse_prometheus"]
 
+# SGLang's HTTP server (uvicorn) closes a keep-alive connection after 5 idle seconds
+# (SGLANG_TIMEOUT_KEEP_ALIVE); aiohttp keeps idle connections for 15 s. A request sent 5-15 s after
+# the last one could go out on a connection the server was closing and fail with "Server
+# disconnected" (seen once in the H200 benchmark, 2026-11-30). So idle connections are dropped
+# well before the server drops them, and a request the server dropped before answering is sent
+# once more on a fresh connection.
+KEEPALIVE_S = 2.0
+
 
 class Client:
     """An async client for one server's native API.
@@ -52,7 +60,7 @@ class Client:
         if self._session is None or self._session.closed:
             # No connection cap: rlgen bounds concurrency itself (chunks in flight), and a cap here
             # would silently serialise requests; no total timeout: generation is long by nature.
-            connector = aiohttp.TCPConnector(limit=0, force_close=False)
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10),
@@ -78,7 +86,7 @@ class Client:
         if timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
         try:
-            async with session.request(method, self.url + path, **kwargs) as resp:
+            async with await _send(session, method, self.url + path, **kwargs) as resp:
                 raw = await resp.read()
                 if resp.status >= 400:
                     raise _status_error(path, resp.status, raw)
@@ -110,7 +118,9 @@ class Client:
 
         session = self._get_session()
         try:
-            async with session.post(
+            async with await _send(
+                session,
+                "POST",
                 self.url + "/generate",
                 data=orjson.dumps({**payload, "stream": True}),
                 headers={"Content-Type": "application/json"},
@@ -139,6 +149,18 @@ class Client:
             await self.post("/abort_request", {"abort_all": True}, timeout=30)
             return
         await asyncio.gather(*(self.post("/abort_request", {"rid": rid}, timeout=30) for rid in rids))
+
+
+async def _send(session: Any, method: str, url: str, **kwargs: Any) -> Any:
+    """`session.request(...)`'s response; sent once more if the server closed the connection
+    before answering (a keep-alive connection it was dropping: it never saw the request, so a
+    /generate is not run twice). A server that is really gone fails the second try as well."""
+    import aiohttp
+
+    try:
+        return await session.request(method, url, **kwargs)
+    except aiohttp.ServerDisconnectedError:
+        return await session.request(method, url, **kwargs)
 
 
 def _decode(raw: bytes) -> Any:
