@@ -18,6 +18,7 @@ import uuid
 
 import psutil
 import pytest
+import torch
 
 import rlgen
 
@@ -364,8 +365,20 @@ def test_rollout_logprobs_match_a_rescore_of_the_same_tokens(engine) -> None:
     rollouts = engine.generate(CAPITAL, n=2, max_new_tokens=16, temperature=1.0)
     report = engine.check_logprobs(rollouts)
     assert report["n_tokens"] == int(rollouts.df.completion_tokens.sum())
-    # fp32 on the CPU: prefill and decode agree to float error; bf16 GPU kernels differ more
-    assert report["max_abs_diff"] < (1e-3 if BACKEND == "cpu" else 0.25)
+    # fp32 on the CPU: prefill and decode agree to float error. In bf16 a logit of ~20 is rounded
+    # to steps of 0.125, so single tokens differ by a few tenths (0.30 seen on the H200); the mean
+    # stays small. A misaligned comparison (off by one token) is off by nats, checked below.
+    if BACKEND == "cpu":
+        assert report["max_abs_diff"] < 1e-3, report
+    else:
+        assert report["mean_abs_diff"] < 0.05 and report["max_abs_diff"] < 1.0, report
+    lp, mask = rollouts.logprobs, rollouts.response_mask
+    shifted = torch.zeros_like(lp)
+    shifted[:, :-1] = lp[:, 1:]
+    both = torch.zeros_like(mask)
+    both[:, :-1] = mask[:, :-1] & mask[:, 1:]
+    misaligned = rlgen.compare_logprobs(shifted, lp, mask=both)
+    assert misaligned["mean_abs_diff"] > 10 * max(report["mean_abs_diff"], 1e-3), (misaligned, report)
 
 
 def test_a_seed_with_n_gives_distinct_samples_that_a_rerun_reproduces(engine) -> None:
