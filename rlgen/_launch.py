@@ -67,8 +67,10 @@ def server_argv(
     if not _has_flag(user, "--mem-fraction-static"):
         defaults += ["--mem-fraction-static", f"{gpu_memory_fraction:g}"]
     if fast_start:
-        # CUDA-graph capture and the warm-up request are most of a restart's non-import time.
-        defaults += ["--disable-cuda-graph", "--skip-server-warmup"]
+        # Measured on an H200 (SGLang 0.5.17, docs/benchmarks.md): prefill-graph capture (6.5 s)
+        # and the warm-up request are the part of a restart that can go; decode graphs (4 s)
+        # stay, because without them decode ran 6x slower (7.9k vs 50k tok/s).
+        defaults += ["--disable-prefill-cuda-graph", "--skip-server-warmup"]
     if enable_memory_saver:
         defaults.append("--enable-memory-saver")
     if enable_metrics:

@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--enable-metrics", action="store_true")
     parser.add_argument("--mem-fraction-static", type=float, default=None)
     parser.add_argument("--disable-cuda-graph", action="store_true")
+    parser.add_argument("--disable-prefill-cuda-graph", action="store_true")
     parser.add_argument("--skip-server-warmup", action="store_true")
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch threads (default: 1 on up to 2 cores, else cores - 1)")
     args, unknown = parser.parse_known_args(argv)
