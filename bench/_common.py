@@ -332,9 +332,9 @@ class RawClient:
         from rlgen._client import KEEPALIVE_S  # as rlgen: idle connections go before uvicorn drops them
 
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=KEEPALIVE_S),
-                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         async with self._session.post(self.url + "/generate", data=orjson.dumps(body),
                                       headers={"Content-Type": "application/json"}) as resp:
             raw = await resp.read()
