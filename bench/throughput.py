@@ -1,18 +1,21 @@
 """Generation throughput: rlgen vs raw batched /generate vs one request per prompt vs sglang.Engine.
 
-Not a test. Phase 1 starts ONE SGLang server with `rlgen.Engine(model, backend="sglang",
-progress=False)` (rlgen's defaults) and times, on that same server, for each workload:
+Not a test. Starts ONE SGLang server with `rlgen.Engine(model, backend="sglang", progress=False)`
+(rlgen's defaults) and then, in this process, `sglang.Engine` (same model and site flags, a KV
+pool of the same share of the GPU), so that both are up at once. Then, for each workload:
 
-    raw-1req      every prompt in ONE batched POST /generate (aiohttp, orjson, nothing else)
-    raw-chunked   batched requests of 256 prompts, all in flight at once
-    rlgen         eng.generate(...) then res.df and res.tensors() (the whole user-visible cost)
-    per-request   one POST per prompt (its n samples in it), all concurrent (AReaL's pattern)
+    raw-1req       every prompt in ONE batched POST /generate to rlgen's server (aiohttp, orjson)
+    raw-chunked    batched requests of 256 prompts, all in flight at once, same server
+    rlgen          eng.generate(...) then res.df and res.tensors() (the whole user-visible cost)
+    per-request    one POST per prompt (its n samples in it), all concurrent (AReaL's pattern)
+    sglang.Engine  llm.generate(input_ids=..., ...) in-process, on its own scheduler
 
 Every method sends identical input_ids and the sampling flags rlgen sends (logprobs on: rlgen's
-default). Methods are warmed up once (on the first 64 prompts), then interleaved: each of the
-repeats runs every method once, in a rotated order, after a prefix-cache flush. Phase 2, after
-eng.close(): `sglang.Engine` in-process (same model, site flags and mem_fraction_static as rlgen's
-default gpu_memory_fraction), `llm.generate(input_ids=..., ...)` on the same workloads.
+default). Methods are warmed up once (on the first 64 prompts), then interleaved: each repeat
+runs every method once, in a rotated order, after a prefix-cache flush of both servers. Running
+sglang.Engine beside the server, interleaved, matters on a shared machine: its speed drifts by
+tens of percent within minutes (seen on the H200, 2026-11-30), which a phase-after-phase
+comparison would read as a difference between methods.
 
 Workloads:
     a   256 prompts x 64 tokens -> 128 new, ignore_eos            (random token ids, fixed seed)
@@ -21,9 +24,9 @@ Workloads:
     a0  (optional) workload a with logprobs off, for every method
 
 Metric: generated tokens/s = sum(completion_tokens) / wall time of the call; medians of the
-repeats. Prints a table of medians and the ratios rlgen/raw, rlgen/per-request,
-rlgen/sglang.Engine with the targets (rlgen >= 0.95x raw everywhere, >= 2.5x per-request on a,
-not slower than sglang.Engine); writes every run to --out.
+repeats (a and c: 5, b: 3; --repeats sets all). Prints a table of medians and the ratios
+rlgen/raw, rlgen/per-request, rlgen/sglang.Engine with the targets (rlgen >= 0.95x raw
+everywhere, >= 2.5x per-request on a, not slower than sglang.Engine); writes every run to --out.
 
     python bench/throughput.py --out throughput.json                   # on the GPU machine
     python bench/throughput.py --out /tmp/t.json --backend cpu --quick # smoke test anywhere
@@ -35,6 +38,7 @@ import argparse
 import asyncio
 import os
 import time
+from typing import Callable
 
 import _common as C
 
@@ -45,7 +49,9 @@ SIZES = {
 }
 HTTP_METHODS = ("raw-1req", "raw-chunked", "rlgen", "per-request")
 OFFLINE = "sglang.Engine"
+METHODS = (*HTTP_METHODS, OFFLINE)
 WARMUP_PROMPTS = 64
+REPEATS = {"a": 5, "a0": 5, "b": 3, "c": 5}  # b's runs are 10-20 s each; the others about 1-3 s
 
 
 def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workload]:
@@ -59,75 +65,101 @@ def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workloa
     return [makers[name]() for name in names]
 
 
-def http_phase(args: argparse.Namespace, model: str, workloads: list[C.Workload], record: C.Record) -> None:
-    """Phase 1: one rlgen-launched server; every HTTP method on every workload, interleaved."""
-    import rlgen
+def start_offline_engine(model: str) -> tuple[object, dict[str, object]]:
+    """`sglang.Engine` in this process, beside the running server, with a KV pool like the server's.
 
-    C.log(f"phase 1: starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
-    t0 = time.monotonic()
-    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
-    try:
-        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng._server.argv,
-                            "log_path": eng.log_path, "gpu_memory_mib": eng.info.get("gpu_memory_mib")}
-        C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url}")
-        with C.RawClient(eng.url) as raw:
-            methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl)}
-            methods = {name: methods[name] for name in HTTP_METHODS}
-            for wl in workloads:
-                C.log(f"workload {wl.name}: {wl.describe}")
-                record["http"][wl.name] = C.run_interleaved(
-                    methods, wl, repeats=C.repeats_of(args), warmup=wl.head(WARMUP_PROMPTS),
-                    before_each=lambda: C.flush_cache(eng.url), label=f"{wl.name}/")
-                record.save()
-    finally:
-        C.log("closing the server")
-        eng.close()
-
-
-def offline_phase(args: argparse.Namespace, model: str, workloads: list[C.Workload], record: C.Record) -> None:
-    """Phase 2: sglang.Engine in this process, same workloads, after the HTTP server is gone."""
+    SGLang sizes its pool so that (1 - mem_fraction_static) of the GPU stays free, counting other
+    processes' memory as used: beside a server holding share s, the same pool needs s + default.
+    """
     import sglang
     from rlgen._launch import DEFAULT_GPU_MEMORY_FRACTION
 
-    kwargs = {"model_path": model, "mem_fraction_static": DEFAULT_GPU_MEMORY_FRACTION, "log_level": "error",
-              **C.site_kwargs()}
-    C.log(f"phase 2: starting sglang.Engine({kwargs}) ...")
+    used, total = C.gpu_used_mib(), C.gpu_total_mib()
+    held = used / total if used is not None and total else 0.0
+    fraction = round(min(0.95, held + DEFAULT_GPU_MEMORY_FRACTION), 3)
+    kwargs = {"model_path": model, "mem_fraction_static": fraction, "log_level": "error", **C.site_kwargs()}
+    C.log(f"starting sglang.Engine({kwargs}) beside the server (GPU {held:.1%} held before it) ...")
     asyncio.set_event_loop(asyncio.new_event_loop())  # it runs on the main thread's loop
     t0 = time.monotonic()
     llm = sglang.Engine(**kwargs)
-    record["offline_engine"] = {"start_s": time.monotonic() - t0, "kwargs": kwargs}
-    C.log(f"sglang.Engine ready in {record['offline_engine']['start_s']:.1f} s")
+    info: dict[str, object] = {"start_s": time.monotonic() - t0, "kwargs": kwargs, "gpu_held_before": held}
+    try:
+        info["max_total_num_tokens"] = llm.get_server_info().get("max_total_num_tokens")
+    except Exception as err:  # noqa: BLE001 - informative only
+        info["max_total_num_tokens"] = f"unknown ({type(err).__name__})"
+    C.log(f"sglang.Engine ready in {info['start_s']:.1f} s (KV pool {info['max_total_num_tokens']} tokens)")
+    return llm, info
 
-    def flush() -> None:
-        llm.flush_cache()  # as the HTTP phase flushes before every run
 
+def offline_generate(llm: object) -> Callable[[C.Workload], int]:
     def generate(wl: C.Workload) -> int:
         body = wl.payload(wl.prompts)
-        out = llm.generate(input_ids=body["input_ids"], sampling_params=body["sampling_params"],
+        out = llm.generate(input_ids=body["input_ids"], sampling_params=body["sampling_params"],  # type: ignore[attr-defined]
                            return_logprob=wl.logprobs)
         out = out if isinstance(out, list) else [out]
         if len(out) != wl.n_samples:
             raise RuntimeError(f"sglang.Engine answered {len(out)} samples for {wl.n_samples}")
         return C.completion_tokens(out)
 
+    return generate
+
+
+def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], record: C.Record) -> None:
+    """rlgen's server, then sglang.Engine beside it; every method on every workload, interleaved."""
+    import rlgen
+
+    C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
+    t0 = time.monotonic()
+    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
+    llm = None
     try:
-        for wl in workloads:
-            C.log(f"workload {wl.name} on {OFFLINE}")
-            record["offline"][wl.name] = C.run_interleaved(
-                {OFFLINE: generate}, wl, repeats=C.repeats_of(args), warmup=wl.head(WARMUP_PROMPTS),
-                before_each=flush, label=f"{wl.name}/")
-            record.save()
+        server_info = eng._server_info
+        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng._server.argv,
+                            "log_path": eng.log_path, "gpu_memory_mib": eng.info.get("gpu_memory_mib"),
+                            "max_total_num_tokens": server_info.get("max_total_num_tokens")}
+        C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url} "
+              f"(KV pool {record['server']['max_total_num_tokens']} tokens)")
+        if args.backend == "cpu" or args.skip_offline:
+            record["offline_skipped"] = "--backend cpu (needs SGLang on a GPU)" if args.backend == "cpu" else "--skip-offline"
+            C.log(f"sglang.Engine SKIPPED: {record['offline_skipped']}")
+        else:
+            try:
+                llm, record["offline_engine"] = start_offline_engine(model)
+            except Exception as err:  # noqa: BLE001 - the HTTP methods still run
+                record["offline_error"] = f"{type(err).__name__}: {err}"
+                C.log(f"sglang.Engine FAILED to start: {record['offline_error']}")
+        record.save()
+
+        def flush_all() -> None:
+            C.flush_cache(eng.url)
+            if llm is not None:
+                llm.flush_cache()  # type: ignore[attr-defined]
+
+        with C.RawClient(eng.url) as raw:
+            methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl)}
+            if llm is not None:
+                methods[OFFLINE] = offline_generate(llm)
+            methods = {name: methods[name] for name in METHODS if name in methods}
+            for wl in workloads:
+                C.log(f"workload {wl.name}: {wl.describe}")
+                repeats = args.repeats or (min(2, REPEATS[wl.name]) if args.quick else REPEATS[wl.name])
+                record["results"][wl.name] = C.run_interleaved(
+                    methods, wl, repeats=repeats, warmup=wl.head(WARMUP_PROMPTS), before_each=flush_all,
+                    label=f"{wl.name}/")
+                record.save()
     finally:
-        C.log("shutting sglang.Engine down")
-        llm.shutdown()
+        if llm is not None:
+            C.log("shutting sglang.Engine down")
+            llm.shutdown()  # type: ignore[attr-defined]
+        C.log("closing the server")
+        eng.close()
 
 
 def report(workloads: list[C.Workload], record: C.Record) -> None:
     def med(wl: C.Workload, method: str) -> float | None:
-        where = record["offline"] if method == OFFLINE else record["http"]
-        return (where.get(wl.name, {}).get(method) or {}).get("median_tok_s")
+        return (record["results"].get(wl.name, {}).get(method) or {}).get("median_tok_s")
 
-    methods = [*HTTP_METHODS, OFFLINE]
+    methods = list(METHODS)
     speed_rows, ratio_rows, ratios = [], [], {}
     for wl in workloads:
         m = {name: med(wl, name) for name in methods}
@@ -141,14 +173,14 @@ def report(workloads: list[C.Workload], record: C.Record) -> None:
         }
         speed_rows.append([wl.name, *(C.fmt(m[name]) for name in methods)])
         ratio_rows.append([wl.name, *(C.fmt(v, ".3f") for v in r.values())])
-    C.print_table("generated tokens/s, medians (HTTP methods interleaved on one server; sglang.Engine after it)",
+    C.print_table("generated tokens/s, medians (all methods interleaved; sglang.Engine in-process beside the server)",
                   ["workload", *methods], speed_rows)
     C.print_table("ratios of the medians", ["workload", *ratios[workloads[0].name]], ratio_rows)
     for wl in workloads:
         print(f"  {wl.name}: {wl.describe}", flush=True)
     print("  every method sends the same input_ids and sampling flags, including return_logprob when rlgen's\n"
           "  default logprobs=True is on (add workload a0 for workload a without logprobs)", flush=True)
-    errors = {f"{wl}/{name}": res["error"] for part in ("http", "offline") for wl, per in record[part].items()
+    errors = {f"{wl}/{name}": res["error"] for wl, per in record["results"].items()
               for name, res in per.items() if res.get("error")}
     for where, err in errors.items():
         print(f"  ERROR {where}: {err}", flush=True)
@@ -168,7 +200,7 @@ def report(workloads: list[C.Workload], record: C.Record) -> None:
 def main() -> None:
     ap = C.base_parser(__doc__)
     ap.add_argument("--workloads", default="a,b,c", help="comma-separated subset of a,a0,b,c (default a,b,c)")
-    ap.add_argument("--skip-offline", action="store_true", help="skip the sglang.Engine phase")
+    ap.add_argument("--skip-offline", action="store_true", help="skip sglang.Engine")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not names or set(names) - {"a", "a0", "b", "c"}:
@@ -178,24 +210,13 @@ def main() -> None:
     model = C.model_path(args.model)
     record = C.Record(args.out, args, "bench/throughput.py")
     workloads = build_workloads(names, model, args.quick)
-    record.data.update(model=model, workloads={wl.name: wl.summary() for wl in workloads}, http={}, offline={})
+    record.data.update(model=model, workloads={wl.name: wl.summary() for wl in workloads}, results={})
     record.save()
     try:
-        http_phase(args, model, workloads, record)
-    except Exception as err:  # noqa: BLE001 - still run phase 2 and report what there is
-        record["http_error"] = f"{type(err).__name__}: {err}"
-        C.log(f"phase 1 FAILED: {record['http_error']}")
-    record.save()
-    if args.backend == "cpu" or args.skip_offline:
-        why = "--backend cpu (needs SGLang on a GPU)" if args.backend == "cpu" else "--skip-offline"
-        record["offline_skipped"] = why
-        C.log(f"phase 2 (sglang.Engine) SKIPPED: {why}")
-    else:
-        try:
-            offline_phase(args, model, workloads, record)
-        except Exception as err:  # noqa: BLE001
-            record["offline_error"] = f"{type(err).__name__}: {err}"
-            C.log(f"phase 2 FAILED: {record['offline_error']}")
+        measure(args, model, workloads, record)
+    except Exception as err:  # noqa: BLE001 - report what there is
+        record["error"] = f"{type(err).__name__}: {err}"
+        C.log(f"FAILED: {record['error']}")
     report(workloads, record)
     record.save(complete=True)
     C.log(f"wrote {os.path.abspath(args.out)}")
