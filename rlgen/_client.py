@@ -100,6 +100,16 @@ class Client:
     async def get(self, path: str, **kwargs: Any) -> Any:
         return await self.request("GET", path, **kwargs)
 
+    async def get_info(self, which: str, **kwargs: Any) -> Any:
+        """GET /server_info or /model_info (`which`: "server" or "model"), or the older
+        /get_server_info, /get_model_info on a server without the new names (SGLang < 0.5.17)."""
+        try:
+            return await self.get(f"/{which}_info", **kwargs)
+        except ServerRequestError as err:
+            if err.status != 404:
+                raise
+            return await self.get(f"/get_{which}_info", **kwargs)
+
     async def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
         return await self.request("POST", path, body if body is not None else {}, **kwargs)
 

@@ -156,7 +156,7 @@ class Engine:
         self._metrics_enabled = True
         probe = Client(self.url)
         try:
-            info = _loop.run_sync(probe.get("/get_model_info", timeout=30))
+            info = _loop.run_sync(probe.get_info("model", timeout=30))
         finally:
             _loop.run_sync(probe.aclose())
         self.model_path = info.get("model_path", "")
@@ -176,7 +176,7 @@ class Engine:
     def _connect(self, *, tokenizer: Any) -> None:
         self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error)
         self.tokenizer = _load_tokenizer(tokenizer)
-        self._server_info = _loop.run_sync(self._client.get("/get_server_info", timeout=60))
+        self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
         self.context_length = _context_length(self._server_info, self.tokenizer, self.model_path)
         self._state = EngineState.READY
         self._finalizer = weakref.finalize(self, _close_client, self._client)
@@ -571,7 +571,7 @@ class Engine:
         if isinstance(result, dict) and result.get("success") is False:
             raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
         self._weights_path = str(path)
-        info = _loop.run_sync(self._client.get("/get_model_info", timeout=30))
+        info = _loop.run_sync(self._client.get_info("model", timeout=30))
         return str(info.get("weight_version", version))
 
     def _server_alive(self) -> bool:
@@ -596,7 +596,7 @@ class Engine:
         # Seen on SGLang 0.5.17: resume restores the weights' memory but not their values (greedy
         # output was empty). Reload them from disk, keeping the weight version.
         if "weights" in resumed and self.backend != "cpu":
-            info = _loop.run_sync(self._client.get("/get_model_info", timeout=30))
+            info = _loop.run_sync(self._client.get_info("model", timeout=30))
             _loop.run_sync(self._client.post("/update_weights_from_disk", {
                 "model_path": self._weights_path or self.model_path,
                 "weight_version": info.get("weight_version"),

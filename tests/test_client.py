@@ -84,3 +84,36 @@ def test_a_server_that_keeps_dropping_requests_fails_with_a_request_error() -> N
             server.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_info_falls_back_to_the_pre_0_5_17_endpoint_names() -> None:
+    async def main() -> tuple[object, list[bytes]]:
+        paths: list[bytes] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    path = head.split(b" ")[1]
+                    paths.append(path)
+                    if path == b"/get_server_info":
+                        writer.write(OK)
+                    else:
+                        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found")
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = Client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            return await client.get_info("server"), paths
+        finally:
+            await client.aclose()
+            server.close()
+
+    info, paths = asyncio.run(main())
+    assert info == {"ok": True}
+    assert paths == [b"/server_info", b"/get_server_info"]

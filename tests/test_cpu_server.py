@@ -309,7 +309,7 @@ def test_update_weights_from_disk_reloads_and_rejects_a_bad_path(server: _Server
     assert status == 400 and answer["success"] is False and answer["message"]
     status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path, "weight_version": "v2"})
     assert status == 200 and answer["success"] is True, answer
-    with urllib.request.urlopen(server.url + "/get_model_info", timeout=10) as response:
+    with urllib.request.urlopen(server.url + "/model_info", timeout=10) as response:
         assert json.loads(response.read())["weight_version"] == "v2"
 
 

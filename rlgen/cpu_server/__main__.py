@@ -160,7 +160,7 @@ async def _warm_up(state: ServerState) -> None:
 
 
 def _server_args(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
-    """The ServerArgs-like part of /get_server_info (SGLang's field names)."""
+    """The ServerArgs-like part of /server_info (SGLang's field names)."""
     return {
         "model_path": args.model_path,
         "tokenizer_path": args.tokenizer_path or args.model_path,

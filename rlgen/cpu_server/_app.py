@@ -29,7 +29,7 @@ from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput
 
 logger = logging.getLogger("rlgen.cpu_server")
 
-# The SGLang version whose API this backend speaks; `/get_server_info` reports it with a marker.
+# The SGLang version whose API this backend speaks; `/server_info` reports it with a marker.
 SGLANG_API_VERSION = "0.5.17"
 
 # /health: SGLang gives up after 20 s without any scheduler output (HEALTH_CHECK_TIMEOUT).
@@ -100,6 +100,9 @@ def build_app(state: ServerState) -> web.Application:
     routes = Routes(state)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/health_generate", routes.health)
+    app.router.add_get("/model_info", routes.get_model_info)
+    app.router.add_get("/server_info", routes.get_server_info)
+    # The names before SGLang 0.5.17, which still serves them (with a deprecation warning).
     app.router.add_get("/get_model_info", routes.get_model_info)
     app.router.add_get("/get_server_info", routes.get_server_info)
     for method in ("GET", "POST"):

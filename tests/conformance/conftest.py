@@ -105,7 +105,7 @@ def target(model_path: str) -> Iterator[Target]:
     if url:
         url = url.rstrip("/")
         _wait_healthy(url, time.monotonic() + 600)
-        with urllib.request.urlopen(url + "/get_model_info", timeout=30) as resp:
+        with urllib.request.urlopen(url + "/model_info", timeout=30) as resp:
             info = json.loads(resp.read())
         served_path = info.get("tokenizer_path") or info["model_path"]
         backend = os.environ.get("RLGEN_CONFORMANCE_BACKEND", "sglang")

@@ -45,14 +45,14 @@ def test_health_and_health_generate_answer_200(target) -> None:
 
 
 def test_get_model_info_names_the_model_and_weight_version(target) -> None:
-    status, info = target.get("/get_model_info")
+    status, info = target.get("/model_info")
     assert status == 200
     assert info["model_path"] and info["is_generation"] is True
     assert isinstance(info["weight_version"], str)
 
 
 def test_get_server_info_has_server_args_and_version(target) -> None:
-    status, info = target.get("/get_server_info")
+    status, info = target.get("/server_info")
     assert status == 200
     assert info["model_path"] and isinstance(info["port"], int)
     assert isinstance(info["version"], str) and info["version"]
@@ -192,7 +192,7 @@ def test_greedy_is_deterministic(target) -> None:
 
 
 def test_sampling_seed_makes_sampling_reproducible(target) -> None:
-    if target.backend == "sglang" and not target.get("/get_server_info")[1].get("enable_deterministic_inference"):
+    if target.backend == "sglang" and not target.get("/server_info")[1].get("enable_deterministic_inference"):
         # Seen on SGLang 0.5.17 (H200, 2026-11-30): without deterministic inference two requests with
         # the same sampling_seed sample different tokens. The CPU backend always honours the seed.
         pytest.skip("SGLang honours sampling_seed only with --enable-deterministic-inference")
@@ -363,7 +363,7 @@ def test_update_weights_from_disk_reloads_and_sets_the_weight_version(target) ->
     before = target.generate(body)
     status, res = target.post("/update_weights_from_disk", {"model_path": target.model_path, "weight_version": "conf-v2"})
     assert status == 200 and res["success"] is True, res
-    assert target.get("/get_model_info")[1]["weight_version"] == "conf-v2"
+    assert target.get("/model_info")[1]["weight_version"] == "conf-v2"
     after = target.generate(body)
     assert after["meta_info"]["weight_version"] == "conf-v2"
     assert after["output_ids"] == before["output_ids"]  # same weights reloaded: same greedy answer
@@ -417,7 +417,7 @@ def test_malformed_prompts_get_400(target, body: dict) -> None:
 
 
 def test_a_prompt_longer_than_the_context_gets_400(target) -> None:
-    status, info = target.get("/get_server_info")
+    status, info = target.get("/server_info")
     context = info.get("context_length") or 8192
     status, body = target.post("/generate", {"input_ids": [1] * (context + 10), "sampling_params": {"max_new_tokens": 1}})
     assert status == 400, body
