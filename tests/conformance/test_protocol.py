@@ -44,18 +44,25 @@ def test_health_and_health_generate_answer_200(target) -> None:
     assert target.get("/health_generate")[0] == 200
 
 
-def test_get_model_info_names_the_model_and_weight_version(target) -> None:
+def test_model_info_names_the_model_and_weight_version(target) -> None:
     status, info = target.get("/model_info")
     assert status == 200
     assert info["model_path"] and info["is_generation"] is True
     assert isinstance(info["weight_version"], str)
 
 
-def test_get_server_info_has_server_args_and_version(target) -> None:
+def test_server_info_has_server_args_and_version(target) -> None:
     status, info = target.get("/server_info")
     assert status == 200
     assert info["model_path"] and isinstance(info["port"], int)
     assert isinstance(info["version"], str) and info["version"]
+
+
+def test_the_pre_0_5_17_info_names_still_answer_and_get_weight_version_is_gone(target) -> None:
+    assert target.get("/get_model_info")[1]["model_path"] == target.get("/model_info")[1]["model_path"]
+    assert target.get("/get_server_info")[1]["port"] == target.get("/server_info")[1]["port"]
+    status, body = target.get("/get_weight_version")
+    assert status == 404 and "/model_info" in str(body)
 
 
 # ---------------------------------------------------------------------------------------------
