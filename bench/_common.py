@@ -384,9 +384,9 @@ def raise_fd_limit() -> None:
             pass
 
 
-def rlgen_generate(eng: Any, wl: Workload) -> int:
-    """rlgen as a user calls it, including the DataFrame and the tensors."""
-    res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, progress=False, **wl.options)
+def rlgen_generate(eng: Any, wl: Workload, **options: Any) -> int:
+    """rlgen as a user calls it, including the DataFrame and the tensors (`options`: e.g. chunk_size)."""
+    res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, progress=False, **wl.options, **options)
     tokens = int(res.df["completion_tokens"].sum())
     tensors = res.tensors()
     if tensors["response_ids"].shape[0] != wl.n_samples:

@@ -7,6 +7,9 @@ pool of the same share of the GPU), so that both are up at once. Then, for each 
     raw-1req       every prompt in ONE batched POST /generate to rlgen's server (aiohttp, orjson)
     raw-chunked    batched requests of 256 prompts, all in flight at once, same server
     rlgen          eng.generate(...) then res.df and res.tensors() (the whole user-visible cost)
+    rlgen-256      the same with at most 256 samples in flight (chunk_size=128//n, max_in_flight=2):
+                   SGLang captures decode CUDA graphs up to batch 256 by default, and the first
+                   run decoded 4096 requests at once without graphs, slower than per-request
     per-request    one POST per prompt (its n samples in it), all concurrent (AReaL's pattern)
     sglang.Engine  llm.generate(input_ids=..., ...) in-process, on its own scheduler
 
@@ -24,7 +27,7 @@ Workloads:
     a0  (optional) workload a with logprobs off, for every method
 
 Metric: generated tokens/s = sum(completion_tokens) / wall time of the call; medians of the
-repeats (a and c: 5, b: 3; --repeats sets all). Prints a table of medians and the ratios
+repeats (a: 5, b and c: 3; --repeats sets all). Prints a table of medians and the ratios
 rlgen/raw, rlgen/per-request, rlgen/sglang.Engine with the targets (rlgen >= 0.95x raw
 everywhere, >= 2.5x per-request on a, not slower than sglang.Engine); writes every run to --out.
 
@@ -47,11 +50,11 @@ SIZES = {
     "full": {"a": (256, 64, 128), "b": (1024, 64, 64), "b_n": 4, "c": (512, 128)},
     "quick": {"a": (4, 8, 4), "b": (4, 8, 4), "b_n": 2, "c": (4, 8)},
 }
-HTTP_METHODS = ("raw-1req", "raw-chunked", "rlgen", "per-request")
+HTTP_METHODS = ("raw-1req", "raw-chunked", "rlgen", "rlgen-256", "per-request")
 OFFLINE = "sglang.Engine"
 METHODS = (*HTTP_METHODS, OFFLINE)
 WARMUP_PROMPTS = 64
-REPEATS = {"a": 5, "a0": 5, "b": 3, "c": 5}  # b's runs are 10-20 s each; the others about 1-3 s
+REPEATS = {"a": 5, "a0": 5, "b": 3, "c": 3}  # b's runs take 10-20 s, c's 2-4 s, a's about 1 s
 
 
 def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workload]:
@@ -136,7 +139,8 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                 llm.flush_cache()  # type: ignore[attr-defined]
 
         with C.RawClient(eng.url) as raw:
-            methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl)}
+            methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl),
+                       "rlgen-256": lambda wl: C.rlgen_generate(eng, wl, chunk_size=max(1, 128 // wl.n), max_in_flight=2)}
             if llm is not None:
                 methods[OFFLINE] = offline_generate(llm)
             methods = {name: methods[name] for name in METHODS if name in methods}

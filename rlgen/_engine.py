@@ -31,6 +31,9 @@ from ._sampling import SAMPLING_NAMES, Sampling, check_unknown_options
 
 __all__ = ["Engine", "EngineState"]
 
+# generate() options that are not sampling parameters (agenerate passes them through **options).
+_GENERIC_OPTIONS = ("n", "logprobs", "top_logprobs", "stream", "sampling_params", "chunk_size", "max_in_flight")
+
 class EngineState(enum.Enum):
     STARTING = "starting"  # the server is being launched
     READY = "ready"        # generate() works
@@ -279,6 +282,7 @@ class Engine:
         stream: bool = False,
         sampling_params: Mapping[str, Any] | None = None,
         chunk_size: int = 256,
+        max_in_flight: int = 8,
         progress: bool | None = None,
         **unknown: Any,
     ) -> Any:
@@ -297,6 +301,8 @@ class Engine:
             stream: stream over SSE, to measure time-to-first-token and inter-token latency.
             sampling_params: further SGLang sampling parameters, sent as they are.
             chunk_size: prompts per batched /generate request.
+            max_in_flight: requests (chunks) in flight at once; with chunk_size, this bounds the
+                samples the server runs at once for this call.
             progress: show a progress bar (None: auto).
 
         Raises:
@@ -307,7 +313,7 @@ class Engine:
         """
         job, prompt_set, sampling = self._prepare(
             prompts, unknown=unknown, n=n, logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
-            sampling_params=sampling_params, chunk_size=chunk_size,
+            sampling_params=sampling_params, chunk_size=chunk_size, max_in_flight=max_in_flight,
             options=dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, temperature=temperature,
                          top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
                          stop=stop, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed),
@@ -339,7 +345,7 @@ class Engine:
         return self.last_result
 
     def _prepare_from_options(self, prompts: Any, options: dict[str, Any]) -> tuple[GenerateJob, Any, Sampling]:
-        generic = {k: options.pop(k) for k in ("n", "logprobs", "top_logprobs", "stream", "sampling_params", "chunk_size") if k in options}
+        generic = {k: options.pop(k) for k in _GENERIC_OPTIONS if k in options}
         sampling_opts = {k: options.pop(k) for k in list(options) if k in SAMPLING_NAMES}
         return self._prepare(prompts, unknown=options, options=sampling_opts, **generic)
 
@@ -355,17 +361,18 @@ class Engine:
         stream: bool = False,
         sampling_params: Mapping[str, Any] | None = None,
         chunk_size: int = 256,
+        max_in_flight: int = 8,
     ) -> tuple[GenerateJob, Any, Sampling]:
         """Validate everything and build the job; raises before anything is sent."""
         self._check_ready()
-        check_unknown_options(unknown, known=[*SAMPLING_NAMES, "n", "logprobs", "top_logprobs", "stream",
-                                              "sampling_params", "chunk_size", "progress"])
+        check_unknown_options(unknown, known=[*SAMPLING_NAMES, *_GENERIC_OPTIONS, "progress"])
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ValueError(f"top_logprobs must be an int >= 0, got {top_logprobs!r}")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        for name, value in (("chunk_size", chunk_size), ("max_in_flight", max_in_flight)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         sampling = Sampling(**{k: v for k, v in options.items() if v is not None or k == "seed"})
         if sampling.seed is not None and not self._seed_is_honoured:
             warnings.warn(
@@ -383,7 +390,7 @@ class Engine:
                                        max_new_tokens=sampling.max_new_tokens)
         job = GenerateJob(
             prompt_ids=prompt_set.ids, sampling=params, n=n, logprobs=bool(logprobs), top_logprobs=top_logprobs,
-            stream=bool(stream), chunk_size=chunk_size,
+            stream=bool(stream), chunk_size=chunk_size, max_in_flight=max_in_flight,
             # An owned server can be told "abort everything"; a shared one only our own rids.
             native_n=self._owns_server,
         )

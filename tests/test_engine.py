@@ -341,6 +341,7 @@ def test_stream_yields_the_text_as_it_is_generated(engine) -> None:
     ({"temperature": -1}, ValueError, "temperature must be >= 0"),
     ({"top_p": 0}, ValueError, "top_p"),
     ({"max_new_tokens": 10_000}, ValueError, "context"),
+    ({"max_in_flight": 0}, ValueError, "max_in_flight must be an int >= 1"),
 ])
 def test_bad_options_raise_before_anything_is_sent(engine, kwargs, error, match) -> None:
     with pytest.raises(error, match=match):

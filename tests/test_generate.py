@@ -60,3 +60,29 @@ def test_n_samples_with_a_seed_get_one_seed_each() -> None:
     (payload,) = client.sent
     assert payload["input_ids"] == [[1, 2]] * 3
     assert [p["sampling_seed"] for p in payload["sampling_params"]] == [7, 8, 9]
+
+
+class CountingClient:
+    """Answers each /generate after a short wait; records how many were in flight at most."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+
+    async def generate(self, payload: dict) -> list:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        n = payload["sampling_params"].get("n", 1)
+        return [{"text": "", "output_ids": [], "meta_info": {}} for _ in payload["input_ids"] for _ in range(n)]
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 3, 8])
+def test_max_in_flight_bounds_the_requests_sent_at_once(max_in_flight: int) -> None:
+    client = CountingClient()
+    job = GenerateJob(prompt_ids=[[i] for i in range(40)], sampling={"max_new_tokens": 1}, n=2,
+                      chunk_size=4, max_in_flight=max_in_flight)
+    asyncio.run(run_generate(client, job))  # type: ignore[arg-type]
+    assert client.most == max_in_flight  # 10 chunks: the bound is reached, never passed
+    assert all(r is not None for r in job.results) and len(job.results) == 80
