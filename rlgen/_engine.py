@@ -31,8 +31,12 @@ from ._sampling import SAMPLING_NAMES, Sampling, check_unknown_options
 
 __all__ = ["Engine", "EngineState"]
 
-# generate() options that are not sampling parameters (agenerate passes them through **options).
-_GENERIC_OPTIONS = ("n", "logprobs", "top_logprobs", "stream", "sampling_params", "chunk_size", "max_in_flight")
+# generate()'s options that are not sampling parameters, with generate()'s defaults (agenerate and
+# stream pass them through **options).
+_GENERIC_DEFAULTS: dict[str, Any] = {
+    "n": 1, "logprobs": True, "top_logprobs": 0, "stream": False, "sampling_params": None, "chunk_size": 256,
+    "max_in_flight": 8,
+}  # fmt: skip
 
 class EngineState(enum.Enum):
     STARTING = "starting"  # the server is being launched
@@ -312,8 +316,9 @@ class Engine:
                 server, finished samples are in `eng.last_result`.
         """
         job, prompt_set, sampling = self._prepare(
-            prompts, unknown=unknown, n=n, logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
-            sampling_params=sampling_params, chunk_size=chunk_size, max_in_flight=max_in_flight,
+            prompts, unknown=unknown,
+            generic=dict(n=n, logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
+                         sampling_params=sampling_params, chunk_size=chunk_size, max_in_flight=max_in_flight),
             options=dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, temperature=temperature,
                          top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
                          stop=stop, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed),
@@ -345,9 +350,9 @@ class Engine:
         return self.last_result
 
     def _prepare_from_options(self, prompts: Any, options: dict[str, Any]) -> tuple[GenerateJob, Any, Sampling]:
-        generic = {k: options.pop(k) for k in _GENERIC_OPTIONS if k in options}
+        generic = {k: options.pop(k, default) for k, default in _GENERIC_DEFAULTS.items()}
         sampling_opts = {k: options.pop(k) for k in list(options) if k in SAMPLING_NAMES}
-        return self._prepare(prompts, unknown=options, options=sampling_opts, **generic)
+        return self._prepare(prompts, unknown=options, options=sampling_opts, generic=generic)
 
     def _prepare(
         self,
@@ -355,17 +360,16 @@ class Engine:
         *,
         unknown: dict[str, Any],
         options: dict[str, Any],
-        n: int = 1,
-        logprobs: bool = True,
-        top_logprobs: int = 0,
-        stream: bool = False,
-        sampling_params: Mapping[str, Any] | None = None,
-        chunk_size: int = 256,
-        max_in_flight: int = 8,
+        generic: dict[str, Any],
     ) -> tuple[GenerateJob, Any, Sampling]:
-        """Validate everything and build the job; raises before anything is sent."""
+        """Validate everything and build the job; raises before anything is sent.
+
+        `options`: sampling options; `generic`: every key of _GENERIC_DEFAULTS; `unknown`: the rest.
+        """
         self._check_ready()
-        check_unknown_options(unknown, known=[*SAMPLING_NAMES, *_GENERIC_OPTIONS, "progress"])
+        check_unknown_options(unknown, known=[*SAMPLING_NAMES, *_GENERIC_DEFAULTS, "progress"])
+        n, logprobs, top_logprobs, stream = generic["n"], generic["logprobs"], generic["top_logprobs"], generic["stream"]
+        sampling_params, chunk_size, max_in_flight = generic["sampling_params"], generic["chunk_size"], generic["max_in_flight"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:

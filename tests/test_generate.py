@@ -28,9 +28,8 @@ class HangingClient:
         self.aborted = rids
 
 
-def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
-    client = HangingClient()
-    job = GenerateJob(prompt_ids=[[1, 2], [3], [4, 5]], sampling={"max_new_tokens": 4}, chunk_size=2)
+def _start_then_cancel(client: HangingClient, job: GenerateJob) -> None:
+    """Run `job` until its requests are sent, then cancel it as Ctrl-C does."""
 
     async def main() -> None:
         task = asyncio.ensure_future(run_generate(client, job))  # type: ignore[arg-type]
@@ -40,6 +39,12 @@ def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
             await task
 
     asyncio.run(main())
+
+
+def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
+    client = HangingClient()
+    job = GenerateJob(prompt_ids=[[1, 2], [3], [4, 5]], sampling={"max_new_tokens": 4}, chunk_size=2)
+    _start_then_cancel(client, job)
     sent = [rid for payload in client.sent for rid in payload["rid"]]
     assert len(sent) == 3 and client.aborted == sent
     assert job.results == [None, None, None]  # nothing finished, nothing invented
@@ -48,15 +53,7 @@ def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
 def test_n_samples_with_a_seed_get_one_seed_each() -> None:
     client = HangingClient()
     job = GenerateJob(prompt_ids=[[1, 2]], sampling={"max_new_tokens": 4, "sampling_seed": 7}, n=3)
-
-    async def main() -> None:
-        task = asyncio.ensure_future(run_generate(client, job))  # type: ignore[arg-type]
-        await asyncio.sleep(0.05)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
+    _start_then_cancel(client, job)
     (payload,) = client.sent
     assert payload["input_ids"] == [[1, 2]] * 3
     assert [p["sampling_seed"] for p in payload["sampling_params"]] == [7, 8, 9]
