@@ -9,16 +9,18 @@ methods. Knows nothing about process signals, padding or HTML: those live in the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import json
 import os
 import queue
+import threading
 import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _loop
 from ._client import Client, parse_prometheus
@@ -120,8 +122,11 @@ class Engine:
             enable_metrics=enable_metrics,
             server_args=server_args,
         )
-        # 2) Stop servers left behind by dead kernels (their GPU memory is ours to reuse), then
-        #    launch and wait for a real one-token generation, showing one status line.
+        # 2) Load the tokenizer while the server starts (a kernel's first transformers import took
+        #    13 s on the lent H200). Stop servers left behind by dead kernels (their GPU memory is
+        #    ours to reuse), then launch and wait for a real one-token generation, showing one
+        #    status line.
+        tokenizer = _in_background(_load_tokenizer, resolved.path)
         _reap_leftovers()
         line = PhaseLine(f"rlgen {self.backend} server", show=progress)
         try:
@@ -136,7 +141,12 @@ class Engine:
         line.close(ok=True)
         self.url = self._server.url
         # 3) Client, tokenizer and what the server says about itself.
-        self._connect(tokenizer=resolved.path)
+        try:
+            self._connect(tokenizer=tokenizer.result())
+        except BaseException:
+            self._state = EngineState.FAILED
+            self._server.close()
+            raise
 
     @classmethod
     def connect(
@@ -644,6 +654,20 @@ def _reap_leftovers() -> None:
     if stopped:
         pids = ", ".join(str(r["pid"]) for r in stopped)
         warnings.warn(f"rlgen stopped {len(stopped)} server(s) whose kernel had died (pid {pids})", stacklevel=3)
+
+
+def _in_background(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    """Run `fn(*args)` in a daemon thread; the future holds its result or its exception."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="rlgen-tokenizer", daemon=True).start()
+    return future
 
 
 def _load_tokenizer(tokenizer: Any) -> Any:

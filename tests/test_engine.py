@@ -101,6 +101,27 @@ def test_close_is_idempotent_and_a_closed_engine_says_to_create_a_new_one(model_
             pass
 
 
+@cpu_only
+@pytest.mark.timeout(120)
+def test_the_tokenizer_loads_while_the_server_starts_and_its_failure_stops_the_server(
+    model_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rlgen._engine as engine_module
+
+    loading: dict[str, float] = {}
+
+    def failing_load(path: object) -> object:
+        loading["started"] = time.monotonic()
+        raise rlgen.EngineError("cannot load the tokenizer (test)")
+
+    monkeypatch.setattr(engine_module, "_load_tokenizer", failing_load)
+    t0 = time.monotonic()
+    with pytest.raises(rlgen.EngineError, match="tokenizer"):
+        cpu_engine(model_path)
+    assert loading["started"] - t0 < 1.0  # it began with the launch, not after the server was up
+    # the autouse guard then checks that no server process outlived the failed start
+
+
 @pytest.mark.timeout(180)
 def test_connect_attaches_to_a_running_server_and_close_never_kills_it(engine) -> None:
     other = rlgen.Engine.connect(engine.url, progress=False)
