@@ -152,11 +152,13 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                     label=f"{wl.name}/")
                 record.save()
     finally:
+        # rlgen's server first: sglang.Engine.shutdown() kills every child process of this
+        # process (kill_process_tree(os.getpid())), rlgen's server included.
+        C.log("closing the server")
+        eng.close()
         if llm is not None:
             C.log("shutting sglang.Engine down")
             llm.shutdown()  # type: ignore[attr-defined]
-        C.log("closing the server")
-        eng.close()
 
 
 def report(workloads: list[C.Workload], record: C.Record) -> None:
