@@ -20,6 +20,7 @@ Not a test. Two parts:
 
     python bench/scaling.py --out scaling.json                       # on the GPU machine
     python bench/scaling.py --out /tmp/sc.json --backend cpu --quick  # smoke test anywhere
+    python bench/scaling.py --out /tmp/sc.json --client-only          # part 2 alone (CPU)
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="seconds for the GPU timing loop; a size whose repeats would not fit gets fewer (default 300)")
     ap.add_argument("--skip-client", action="store_true", help="skip the CPU-only client-cost curve")
+    ap.add_argument("--client-only", action="store_true", help="only the client-cost curve (no server)")
     args = ap.parse_args()
 
     C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
@@ -123,7 +125,8 @@ def main() -> None:
     record.data.update(model=model, gpu={}, client={})
     record.save()
     try:
-        gpu_curve(args, model, record)
+        if not args.client_only:
+            gpu_curve(args, model, record)
     except Exception as err:  # noqa: BLE001 - the client curve and the report still run
         record["gpu_error"] = f"{type(err).__name__}: {err}"
         C.log(f"GPU part FAILED: {record['gpu_error']}")
