@@ -2,7 +2,7 @@
 
 Not a test. On the lent H200, 55-59 s of every SGLang start passed before "Load weight begin"
 (bench/startup.py): the launcher process imports, then spawns the scheduler process, which imports
-again. This script times, each in a fresh interpreter and `--repeats` times (median):
+again. This script times, each in a fresh interpreter and `--repeats` times (default 1; median):
 
     launcher    import sglang.srt.entrypoints.http_server   (what `python -m sglang.launch_server` needs)
     scheduler   import sglang.srt.managers.scheduler        (what the spawned scheduler process needs)
@@ -58,7 +58,7 @@ def top_packages(statement: str) -> list[tuple[str, float]]:
 
 
 def main() -> None:
-    ap = C.base_parser(__doc__, repeats=3)
+    ap = C.base_parser(__doc__, repeats=1)  # each SGLang import is ~25 s on the H200; -X importtime adds one more run
     args = ap.parse_args()
     record = C.Record(args.out, args, "bench/imports.py")
     targets = {"torch": TARGETS["torch"], "rlgen": TARGETS["rlgen"]} if args.backend == "cpu" else TARGETS
