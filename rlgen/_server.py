@@ -35,6 +35,7 @@ import http.client
 import itertools
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -355,13 +356,30 @@ class _Owned:
 # Run directory and ports
 
 
+KEEP_RUN_DIRS = 50  # default log directories kept under <cache>/servers/ (newest first)
+
+
 def _new_run_dir(log_dir: Path | None) -> Path:
-    """A fresh directory for one server's logs: `<cache>/servers/<time>-<owner pid>-<n>`."""
+    """A fresh directory for one server's logs: `<cache>/servers/<time>-<owner pid>-<n>`.
+
+    Default directories beyond the newest KEEP_RUN_DIRS are deleted, except those whose server
+    is still registered (running): a notebook that starts many engines does not fill the disk.
+    """
     if log_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_dir = _registry.servers_dir() / f"{stamp}-{os.getpid()}-{next(_run_counter)}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        _prune_run_dirs(_registry.servers_dir(), keep=KEEP_RUN_DIRS)
     log_dir.mkdir(parents=True, exist_ok=True)
     return log_dir
+
+
+def _prune_run_dirs(root: Path, *, keep: int) -> None:
+    in_use = {Path(r.log_path).parent for r in _registry.read_records()}
+    runs = sorted((d for d in root.iterdir() if d.is_dir() and d.name[:1].isdigit()), key=lambda d: d.name, reverse=True)
+    for old in runs[keep:]:
+        if old not in in_use:
+            shutil.rmtree(old, ignore_errors=True)  # another process may be pruning too
 
 
 def _free_port(host: str) -> int:

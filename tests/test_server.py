@@ -428,3 +428,21 @@ def test_gpu_memory_per_process_is_read_from_nvidia_smi(tmp_path: Path, monkeypa
     assert _gpu_pids() == {101, 202}
     assert _gpu_memory_mib([101, 999]) == 320
     assert _gpu_memory_mib([999]) is None  # the driver shows none of them: cannot tell
+
+
+def test_old_default_log_directories_are_pruned_but_a_running_servers_is_kept(isolated: str) -> None:
+    root = _registry.servers_dir()
+    old = [root / f"20260101-0000{i:02d}-1-0" for i in range(_server.KEEP_RUN_DIRS + 5)]
+    for d in old:
+        d.mkdir(parents=True)
+        (d / "server.log").write_text("old\n")
+    running = old[0]  # the oldest, but its server is still registered
+    _registry.write_record(_registry.ServerRecord(
+        pid=999_999, pgid=999_999, create_time=0.0, port=1, host="127.0.0.1", owner_pid=1, owner_start_time=0.0,
+        argv=["x"], log_path=str(running / "server.log"), started_at=0.0))
+    new = _server._new_run_dir(None)
+    left = {d.name for d in root.iterdir() if d.is_dir() and d.name != "registry"}
+    newest_old = {d.name for d in old[-(_server.KEEP_RUN_DIRS - 1):]}  # the new one takes a place
+    assert left == newest_old | {new.name, running.name}
+    custom = _server._new_run_dir(root.parent / "mine")  # a directory the user chose is never pruned
+    assert custom.is_dir() and {d.name for d in root.iterdir() if d.is_dir() and d.name != "registry"} == left
