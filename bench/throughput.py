@@ -26,6 +26,11 @@ Workloads:
     c   512 chat prompts from templates -> up to 128 new, natural stops, temperature 1
     a0  (optional) workload a with logprobs off, for every method
 
+With --profile-s S (and py-spy on PATH), a last phase samples, for S seconds each, the server's
+processes (`py-spy record --subprocesses`) while raw-1req repeats workload a, then this process
+and its children while sglang.Engine repeats it: where each spends its time. Stacks go next to
+--out (<stem>-logs/profiles/); the top frames are printed.
+
 Metric: generated tokens/s = sum(completion_tokens) / wall time of the call; medians of the
 repeats (a: 5, b and c: 3; --repeats sets all). Prints a table of medians and the ratios
 rlgen/raw, rlgen/per-request, rlgen/sglang.Engine with the targets (rlgen >= 0.95x raw
@@ -40,8 +45,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import subprocess
 import time
-from typing import Callable
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
 
 import _common as C
 
@@ -151,6 +160,13 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                     methods, wl, repeats=repeats, warmup=wl.head(WARMUP_PROMPTS), before_each=flush_all,
                     label=f"{wl.name}/")
                 record.save()
+            if args.profile_s > 0:
+                wl = workloads[0]
+                targets = {"http-server": (eng.info["pid"], lambda: methods["raw-1req"](wl))}
+                if OFFLINE in methods:
+                    targets["sglang-engine"] = (os.getpid(), lambda: methods[OFFLINE](wl))
+                record["profile"] = profile_phase(targets, args.profile_s, C.logs_dir(args.out, "profiles"))
+                record.save()
     finally:
         # rlgen's server first: sglang.Engine.shutdown() kills every child process of this
         # process (kill_process_tree(os.getpid())), rlgen's server included.
@@ -159,6 +175,56 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
         if llm is not None:
             C.log("shutting sglang.Engine down")
             llm.shutdown()  # type: ignore[attr-defined]
+
+
+def profile_phase(targets: dict[str, tuple[int, Callable[[], Any]]], seconds: float, out_dir: Path) -> dict[str, Any]:
+    """py-spy on each target's pid (and its children) for `seconds` while `work()` repeats."""
+    out: dict[str, Any] = {}
+    if shutil.which("py-spy") is None:
+        return {"skipped": "py-spy not on PATH"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, (pid, work) in targets.items():
+        path = out_dir / f"{name}.txt"
+        spy = subprocess.Popen(["py-spy", "record", "-p", str(pid), "--subprocesses", "--rate", "100", "--format", "raw",
+                                "--duration", str(int(seconds)), "--nonblocking", "-o", str(path)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        C.log(f"profiling {name} (pid {pid}) for {seconds:.0f} s ...")
+        runs, t_end = 0, time.monotonic() + seconds
+        try:
+            while time.monotonic() < t_end and spy.poll() is None:
+                work()
+                runs += 1
+        finally:
+            try:
+                _, err = spy.communicate(timeout=seconds + 60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                _, err = spy.communicate()
+        out[name] = {"pid": pid, "runs": runs, "rc": spy.returncode, "stderr": (err or "")[-500:], "file": str(path),
+                     **(summarise_stacks(path) if path.exists() else {})}
+    return out
+
+
+def summarise_stacks(path: Path, top: int = 12) -> dict[str, Any]:
+    """Samples per process, the leaf frames and the functions (inclusive: on the stack) that hold
+    the most samples, from py-spy's raw format (`process ...;thread ...;frame;...;leaf count`)."""
+    per_process: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        total += int(count)
+        per_process[frames[0][:80]] += int(count)
+        leaves[frames[-1][:120]] += int(count)
+        process = frames[0].split(":")[0]
+        for frame in set(frames[1:]):
+            inclusive[f"{process}: {frame[:110]}"] += int(count)
+    return {"samples": total, "per_process": per_process.most_common(8), "top_leaf_frames": leaves.most_common(top),
+            "top_inclusive": inclusive.most_common(2 * top)}
 
 
 def report(workloads: list[C.Workload], record: C.Record) -> None:
@@ -191,6 +257,20 @@ def report(workloads: list[C.Workload], record: C.Record) -> None:
     for where, err in errors.items():
         print(f"  ERROR {where}: {err}", flush=True)
     record["ratios"] = ratios
+    for name, prof in (record.data.get("profile") or {}).items():
+        if not isinstance(prof, dict):
+            print(f"  profile: {name}: {prof}", flush=True)
+            continue
+        print(f"\nprofile {name}: {prof.get('runs')} runs, {prof.get('samples')} samples, py-spy rc {prof.get('rc')}"
+              f"{' ' + prof['stderr'].strip()[-200:] if prof.get('rc') else ''}", flush=True)
+        for proc, n in prof.get("per_process", []):
+            print(f"    {n:7d}  {proc}", flush=True)
+        print("    leaf frames:", flush=True)
+        for frame, n in prof.get("top_leaf_frames", []):
+            print(f"    {n:7d}  {frame}", flush=True)
+        print("    on the stack (inclusive):", flush=True)
+        for frame, n in prof.get("top_inclusive", []):
+            print(f"    {n:7d}  {frame}", flush=True)
 
     print("\ntargets", flush=True)
     targets = C.Targets()
@@ -207,6 +287,8 @@ def main() -> None:
     ap = C.base_parser(__doc__)
     ap.add_argument("--workloads", default="a,b,c", help="comma-separated subset of a,a0,b,c (default a,b,c)")
     ap.add_argument("--skip-offline", action="store_true", help="skip sglang.Engine")
+    ap.add_argument("--profile-s", type=float, default=0.0,
+                    help="after the timings, py-spy each side for this many seconds on the first workload (0: off)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not names or set(names) - {"a", "a0", "b", "c"}:

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine: one benchmark of bench/ per call (each fits in a 10-minute call), e.g.
 #   source /tmp/rlgen-env.sh && bash scripts/gpu/bench.sh throughput [extra args...]
-# Writes $OUT/<name>.json, $OUT/<name>.txt (the printed tables) and $OUT/<name>-logs.tgz (server logs).
+# Writes $OUT/<name>.json (rewritten after every phase, so a call cut at its time limit still
+# returns what was measured), $OUT/<name>.txt (the printed tables) and $OUT/<name>-logs.tgz
+# (server logs, profiles).
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
 name=$1; shift
-work="$(mktemp -d)"
-python3 "bench/$name.py" --out "$work/$name.json" "$@" 2>&1 | tee "$OUT/$name.txt"
-cp "$work/$name.json" "$OUT/" 2>/dev/null
-[ -d "$work/$name-logs" ] && tar czf "$OUT/$name-logs.tgz" -C "$work" "$name-logs"
+python3 "bench/$name.py" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.txt"
+if [ -d "$OUT/$name-logs" ]; then
+  tar czf "$OUT/$name-logs.tgz" -C "$OUT" "$name-logs" && rm -rf "$OUT/$name-logs"
+fi
 ps aux | grep -E "[s]glang|[c]pu_server" | head -5 > "$OUT/leftover-processes.txt"
 echo "leftover server processes: $(wc -l < "$OUT/leftover-processes.txt")"

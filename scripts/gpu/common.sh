@@ -2,9 +2,13 @@
 # Needs: source /tmp/rlgen-env.sh (PYTHONPATH with SGLang, RLGEN_TEST_MODEL), $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+# Extra wheels (pytest-timeout, py-spy) travel in .whl with the call that assembles the bundle;
+# later calls on the same machine find them installed.
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rlgen-extra .whl/*.whl
-  export PYTHONPATH="/tmp/rlgen-extra:$PYTHONPATH"
+fi
+if [ -d /tmp/rlgen-extra ]; then
+  export PYTHONPATH="/tmp/rlgen-extra:$PYTHONPATH" PATH="/tmp/rlgen-extra/bin:$PATH"
 fi
 # The bundle has no FA3 kernels: always the triton attention backend there.
 SGLANG_FLAGS=(--attention-backend triton --sampling-backend pytorch)
