@@ -241,6 +241,7 @@ class ServerProcess:
             exit_code=code,
             log_path=str(self.log_path),
             log_tail=self.log_tail(),
+            hint=_server_log.died_hint(code, self.log_path),
         )
 
     def log_tail(self, n: int = _server_log.TAIL_LINES) -> str:

@@ -208,6 +208,15 @@ def startup_error(message: str, code: int | None, log_path: Path) -> ServerStart
     return _with_log(ServerStartupError, message, code, log_path, hint)
 
 
+def died_hint(code: int | None, log_path: Path) -> str:
+    """A hint for a server that was running and is gone: a known log signature, else its signal."""
+    hint = match_hint(log_path)
+    if not hint and code is not None and code == -signal.SIGKILL:
+        hint = ("something outside rlgen SIGKILLed it: the out-of-memory killer (check `dmesg`), or "
+                "`sglang.Engine.shutdown()` in this process, which kills every child process; start a new Engine")
+    return hint
+
+
 def timeout_error(message: str, log_path: Path) -> ServerStartupTimeout:
     """The error for a server that did not become healthy in time: log tail and hint."""
     return _with_log(ServerStartupTimeout, message, None, log_path, match_hint(log_path) or _TIMEOUT_HINT)

@@ -371,6 +371,7 @@ def test_two_servers_run_side_by_side_and_a_crash_of_one_leaves_the_other_servin
         with pytest.raises(ServerDiedError) as info:
             a.assert_alive()
         assert info.value.exit_code == -signal.SIGKILL and "SIGKILL" in str(info.value)
+        assert "out-of-memory killer" in info.value.hint and "sglang.Engine.shutdown()" in info.value.hint
         assert not a.alive() and a.exit_code == -signal.SIGKILL
         assert b.alive() and get(b.url, "/health") == 200
         b.assert_alive()
