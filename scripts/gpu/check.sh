@@ -24,7 +24,7 @@ conformance() {
 generate() {
   # A fresh machine's first SGLang start takes ~130 s (no .pyc, no Triton cache), more than the
   # tests' per-test timeouts allow their module fixture: pay it once here, outside the tests.
-  python3 -c "import time, rlgen; t = time.monotonic(); e = rlgen.Engine(progress=False, fast_start=True); print(f'warm-up start: {time.monotonic() - t:.0f} s'); e.close()" > "$OUT/warmup.txt" 2>&1
+  warm_sglang > "$OUT/warmup.txt" 2>&1
   RLGEN_TEST_BACKEND=sglang "${PYTEST[@]}" tests/test_engine.py --junitxml="$OUT/generate.xml" > "$OUT/generate.txt" 2>&1
 }
 notebook() {

@@ -31,3 +31,7 @@ stop_sglang() {
   kill -TERM -- -"$SGLANG_PID" 2>/dev/null; sleep 3; kill -KILL -- -"$SGLANG_PID" 2>/dev/null; wait "$SGLANG_PID" 2>/dev/null
   return 0
 }
+
+warm_sglang() {  # a throw-away first start: a fresh machine's first SGLang start takes ~130 s (no .pyc, no Triton cache)
+  RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" python3 -c "import time, rlgen; t = time.monotonic(); e = rlgen.Engine('$RLGEN_TEST_MODEL', backend='sglang', progress=False, fast_start=True); print(f'warm-up start: {time.monotonic() - t:.0f} s'); e.close()"
+}
