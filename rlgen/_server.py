@@ -366,12 +366,13 @@ def _new_run_dir(log_dir: Path | None) -> Path:
     Default directories beyond the newest KEEP_RUN_DIRS are deleted, except those whose server
     is still registered (running): a notebook that starts many engines does not fill the disk.
     """
+    default = log_dir is None
     if log_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_dir = _registry.servers_dir() / f"{stamp}-{os.getpid()}-{next(_run_counter)}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        _prune_run_dirs(_registry.servers_dir(), keep=KEEP_RUN_DIRS)
     log_dir.mkdir(parents=True, exist_ok=True)
+    if default:
+        _prune_run_dirs(_registry.servers_dir(), keep=KEEP_RUN_DIRS)
     return log_dir
 
 

@@ -202,18 +202,23 @@ def is_port_clash(log_path: Path) -> bool:
 
 def startup_error(message: str, code: int | None, log_path: Path) -> ServerStartupError:
     """The error for a server that exited while starting: exit code, log tail and hint."""
-    hint = match_hint(log_path)
-    if not hint and code is not None and code == -signal.SIGKILL:
-        hint = "it was SIGKILLed, often by the host's out-of-memory killer: check free RAM and `dmesg`"
+    hint = _exit_hint(code, log_path, killed="it was SIGKILLed, often by the host's out-of-memory killer: "
+                                             "check free RAM and `dmesg`")
     return _with_log(ServerStartupError, message, code, log_path, hint)
 
 
 def died_hint(code: int | None, log_path: Path) -> str:
     """A hint for a server that was running and is gone: a known log signature, else its signal."""
+    return _exit_hint(code, log_path, killed=(
+        "something outside rlgen SIGKILLed it: the out-of-memory killer (check `dmesg`), or "
+        "`sglang.Engine.shutdown()` in this process, which kills every child process; start a new Engine"))
+
+
+def _exit_hint(code: int | None, log_path: Path, *, killed: str) -> str:
+    """A known signature in the log, else `killed` if SIGKILL ended the process, else ""."""
     hint = match_hint(log_path)
     if not hint and code is not None and code == -signal.SIGKILL:
-        hint = ("something outside rlgen SIGKILLed it: the out-of-memory killer (check `dmesg`), or "
-                "`sglang.Engine.shutdown()` in this process, which kills every child process; start a new Engine")
+        hint = killed
     return hint
 
 

@@ -106,7 +106,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/get_model_info", routes.get_model_info)
     app.router.add_get("/get_server_info", routes.get_server_info)
     for path in ("/get_weight_version", "/weight_version"):  # a 404 since SGLang 0.5.17, as there
-        app.router.add_route("GET", path, routes.get_weight_version)
+        app.router.add_route("GET", path, routes.weight_version_removed)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", routes.flush_cache)
         app.router.add_route(method, "/release_memory_occupation", routes.memory_occupation)
@@ -283,7 +283,7 @@ class Routes:
         }
         return _json(info)
 
-    async def get_weight_version(self, request: web.Request) -> web.Response:
+    async def weight_version_removed(self, request: web.Request) -> web.Response:
         detail = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
         return _json({"detail": detail}, status=404)
 
