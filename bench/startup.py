@@ -316,7 +316,8 @@ def side_by_side(rlgen_launch: RlgenLaunch, args: argparse.Namespace, model: str
     try:
         sglang.start()
         out["pools"] = {"rlgen-defaults": rlgen_launch.eng._server_info.get("max_total_num_tokens"),
-                        "sglang-defaults": _server_info(sglang.url).get("max_total_num_tokens")}
+                        "sglang-defaults": json.loads(C.http_request(sglang.url, "/server_info")[1])
+                        .get("max_total_num_tokens")}
         with C.RawClient(sglang.url) as raw_sglang, C.RawClient(rlgen_launch.eng.url) as raw_rlgen:
             methods = {
                 "sglang-defaults raw": raw_sglang.one_request,
@@ -337,16 +338,6 @@ def side_by_side(rlgen_launch: RlgenLaunch, args: argparse.Namespace, model: str
     finally:
         sglang.close()
     return out
-
-
-def _server_info(url: str) -> dict[str, Any]:
-    import json
-
-    for path in ("/server_info", "/get_server_info"):
-        status, body = C.http_request(url, path, timeout=30)
-        if status == 200:
-            return json.loads(body)
-    return {}
 
 
 # ---------------------------------------------------------------------------------------------
