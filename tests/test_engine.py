@@ -447,3 +447,13 @@ def test_each_row_of_a_batch_has_its_own_latency(engine) -> None:
     tokens, latency = res.df.completion_tokens.tolist(), res.df.latency_s.tolist()
     assert tokens[0] < tokens[2]  # the chat answer stops early, the story runs to max_new_tokens
     assert 0 < latency[0] < latency[2]
+
+
+def test_agenerate_and_stream_default_to_what_generate_declares() -> None:
+    # agenerate/stream take **options and fill the missing ones from _GENERIC_DEFAULTS
+    import inspect
+
+    from rlgen._engine import _GENERIC_DEFAULTS
+
+    declared = inspect.signature(rlgen.Engine.generate).parameters
+    assert {name: declared[name].default for name in _GENERIC_DEFAULTS} == _GENERIC_DEFAULTS
