@@ -21,7 +21,18 @@ def argv(backend: str = "sglang", **kwargs) -> list[str]:
 def test_sglang_defaults_cap_the_gpu_memory_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLGEN_SGLANG_ARGS", raising=False)
     assert argv() == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/m",
-                      "--mem-fraction-static", "0.2"]
+                      "--mem-fraction-static", "0.2", "--cuda-graph-max-bs-decode", "512"]
+
+
+@pytest.mark.parametrize("where", ["site", "user"])
+@pytest.mark.parametrize("flag", ["--cuda-graph-max-bs", "--cuda-graph-bs-decode", "--disable-cuda-graph"])
+def test_decode_graph_default_gives_way_to_any_graph_flag_of_the_site_or_user(
+        monkeypatch: pytest.MonkeyPatch, where: str, flag: str) -> None:
+    value = [] if flag == "--disable-cuda-graph" else ["64"]
+    monkeypatch.setenv("RLGEN_SGLANG_ARGS", " ".join([flag, *value]) if where == "site" else "")
+    args = argv(server_args=[flag, *value] if where == "user" else None)
+    assert "--cuda-graph-max-bs-decode" not in args
+    assert args[-1 - len(value):] == [flag, *value]
 
 
 def test_fast_start_memory_saver_and_metrics_add_their_flags(monkeypatch: pytest.MonkeyPatch) -> None:
