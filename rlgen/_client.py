@@ -153,11 +153,8 @@ class Client:
             self._connection_failed()
             raise RequestError(f"cannot reach the server at {self.url} ({err}); is it running?") from err
 
-    async def abort(self, rids: list[str] | None = None) -> None:
-        """Abort requests by rid (`rids=None`: every request on the server)."""
-        if rids is None:
-            await self.post("/abort_request", {"abort_all": True}, timeout=30)
-            return
+    async def abort(self, rids: list[str]) -> None:
+        """Abort requests by rid (SGLang 0.5.17's /abort_request takes one rid, or everything)."""
         await asyncio.gather(*(self.post("/abort_request", {"rid": rid}, timeout=30) for rid in rids))
 
 

@@ -20,12 +20,12 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeGuard
 
 from . import _loop
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
-from ._generate import GenerateJob, run_generate
+from ._generate import GenerateJob, chunks_to_fill, run_generate
 from ._launch import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 from ._models import resolve_model
 from ._prompts import normalize_prompts
@@ -37,7 +37,7 @@ __all__ = ["Engine", "EngineState"]
 # stream pass them through **options).
 _GENERIC_DEFAULTS: dict[str, Any] = {
     "n": 1, "logprobs": True, "top_logprobs": 0, "stream": False, "sampling_params": None, "chunk_size": 256,
-    "max_in_flight": 8,
+    "max_in_flight": None,
 }  # fmt: skip
 
 class EngineState(enum.Enum):
@@ -296,7 +296,7 @@ class Engine:
         stream: bool = False,
         sampling_params: Mapping[str, Any] | None = None,
         chunk_size: int = 256,
-        max_in_flight: int = 8,
+        max_in_flight: int | None = None,
         progress: bool | None = None,
         **unknown: Any,
     ) -> Any:
@@ -316,7 +316,8 @@ class Engine:
             sampling_params: further SGLang sampling parameters, sent as they are.
             chunk_size: prompts per batched /generate request.
             max_in_flight: requests (chunks) in flight at once; with chunk_size, this bounds the
-                samples the server runs at once for this call.
+                samples the server runs at once for this call. None: enough to fill the batch the
+                server runs at once (SGLang's max_running_requests), plus one chunk waiting.
             progress: show a progress bar (None: auto).
 
         Raises:
@@ -335,7 +336,7 @@ class Engine:
         )
         with self._progress_bar(job, progress) as advance:
             try:
-                _loop.run_sync(run_generate(self._client, job, on_progress=advance, abort_all_on_cancel=self._owns_server))
+                _loop.run_sync(run_generate(self._client, job, on_progress=advance))
             except BaseException:
                 self.last_result = self._rollouts(job, prompt_set, sampling, failed=True)
                 raise
@@ -348,7 +349,7 @@ class Engine:
         job, prompt_set, sampling = self._prepare_from_options(prompts, options)
         with self._progress_bar(job, progress) as advance:
             future = asyncio.run_coroutine_threadsafe(
-                run_generate(self._client, job, on_progress=advance, abort_all_on_cancel=self._owns_server), _loop.get_loop()
+                run_generate(self._client, job, on_progress=advance), _loop.get_loop()
             )
             try:
                 await asyncio.wrap_future(future)
@@ -380,13 +381,15 @@ class Engine:
         check_unknown_options(unknown, known=[*SAMPLING_NAMES, *_GENERIC_DEFAULTS, "progress"])
         n, logprobs, top_logprobs, stream = generic["n"], generic["logprobs"], generic["top_logprobs"], generic["stream"]
         sampling_params, chunk_size, max_in_flight = generic["sampling_params"], generic["chunk_size"], generic["max_in_flight"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        for name, value in (("n", n), ("chunk_size", chunk_size)):
+            if not _is_count(value):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ValueError(f"top_logprobs must be an int >= 0, got {top_logprobs!r}")
-        for name, value in (("chunk_size", chunk_size), ("max_in_flight", max_in_flight)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if max_in_flight is None:
+            max_in_flight = chunks_to_fill(_running_capacity(self._server_info), chunk_size, n)
+        elif not _is_count(max_in_flight):
+            raise ValueError(f"max_in_flight must be an int >= 1 or None (fill the server's batch), got {max_in_flight!r}")
         sampling = Sampling(**{k: v for k, v in options.items() if v is not None or k == "seed"})
         if sampling.seed is not None and not self._seed_is_honoured:
             warnings.warn(
@@ -405,8 +408,6 @@ class Engine:
         job = GenerateJob(
             prompt_ids=prompt_set.ids, sampling=params, n=n, logprobs=bool(logprobs), top_logprobs=top_logprobs,
             stream=bool(stream), chunk_size=chunk_size, max_in_flight=max_in_flight,
-            # An owned server can be told "abort everything"; a shared one only our own rids.
-            native_n=self._owns_server,
         )
         return job, prompt_set, sampling
 
@@ -544,7 +545,7 @@ class Engine:
                 raise ValueError(f"completion {i} is empty; nothing to score")
         full = [p + c for p, c in zip(prompt_ids, completion_ids)]
         job = GenerateJob(prompt_ids=full, sampling={"max_new_tokens": 1, "temperature": 0.0}, logprobs=True,
-                          native_n=False, per_prompt={"logprob_start_len": [len(p) - 1 for p in prompt_ids]})
+                          per_prompt={"logprob_start_len": [len(p) - 1 for p in prompt_ids]})
         with self._progress_bar(job, progress) as advance:
             _loop.run_sync(run_generate(self._client, job, on_progress=advance))
         entries = []
@@ -679,6 +680,25 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         return AutoTokenizer.from_pretrained(str(tokenizer))
     except (OSError, ValueError) as err:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
+
+
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _running_capacity(server_info: dict[str, Any]) -> int | None:
+    """How many requests the server runs at once: SGLang's effective max_running_requests, summed
+    over its data-parallel ranks (/server_info's internal_states); None where it does not say."""
+    states = server_info.get("internal_states")
+    if not isinstance(states, list):
+        return None
+    total = 0
+    for state in states:
+        count = state.get("effective_max_running_requests_per_dp") if isinstance(state, dict) else None
+        if not _is_count(count):
+            return None
+        total += count
+    return total or None
 
 
 def _context_length(server_info: dict[str, Any], tokenizer: Any, model_path: str) -> int | None:

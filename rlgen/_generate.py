@@ -34,8 +34,7 @@ class GenerateJob:
     top_logprobs: int = 0
     stream: bool = False                  # stream over SSE to measure TTFT / inter-token latency
     chunk_size: int = 256                 # prompts per /generate request
-    max_in_flight: int = 8                # requests in flight at once
-    native_n: bool = True                 # let SGLang expand n (faster; its sample rids are its own)
+    max_in_flight: int = 8                # requests in flight at once (see chunks_to_fill)
     extra_request: dict[str, Any] = field(default_factory=dict)  # sent as is with every request
     per_prompt: dict[str, list[Any]] = field(default_factory=dict)  # one value per prompt, e.g. logprob_start_len
 
@@ -49,7 +48,24 @@ class GenerateJob:
         return len(self.prompt_ids) * self.n
 
 
-async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = None, abort_all_on_cancel: bool = False) -> None:
+# Chunks in flight when the server does not say how many requests it runs at once (a router, a
+# server without /server_info's internal_states).
+FALLBACK_IN_FLIGHT = 8
+
+
+def chunks_to_fill(server_capacity: int | None, chunk_size: int, n: int) -> int:
+    """generate()'s default `max_in_flight`: enough chunks to fill the server's running batch, plus
+    one waiting in its queue so that it starts the moment a chunk finishes.
+
+    A fixed 8 x 256 prompts split 4096 prompts into two waves of 2048 on an H200 whose SGLang runs
+    4096 at once, and decoded them 0.79x as fast as one request (docs/benchmarks.md, 2026-11-30).
+    """
+    if server_capacity is None or server_capacity < 1:
+        return FALLBACK_IN_FLIGHT
+    return -(-server_capacity // (chunk_size * n)) + 1
+
+
+async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = None) -> None:
     """Send `job` and fill `job.results` (prompt-major, n per prompt).
 
     On cancellation (Ctrl-C) or a failing request, the rids still in flight are aborted on the
@@ -101,7 +117,7 @@ async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = N
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await _abort(client, list(in_flight), abort_all=abort_all_on_cancel and job.native_n and job.n > 1)
+        await _abort(client, list(in_flight))
         raise
 
 
@@ -109,18 +125,17 @@ def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], l
     """The /generate body for prompts [start, stop), and the rids it carries."""
     ids = job.prompt_ids[start:stop]
     sampling: Any = dict(job.sampling)
-    if job.native_n and job.n > 1 and sampling.get("sampling_seed") is None:
-        # SGLang expands n itself (one prefill per prompt) and gives each sample a fresh rid, so
-        # the rids we send are not the ones to abort; the owner aborts everything instead.
-        sampling["n"] = job.n
-        rids = [f"rlgen-{uuid.uuid4().hex}" for _ in ids]
-    else:
-        ids = [p for p in ids for _ in range(job.n)]
-        rids = [f"rlgen-{uuid.uuid4().hex}" for _ in ids]
-        if job.n > 1 and sampling.get("sampling_seed") is not None:
-            # One seed for n copies of a prompt would draw n identical samples: seed + sample index.
-            seed = sampling["sampling_seed"]
-            sampling = [{**sampling, "sampling_seed": seed + j} for _ in range(stop - start) for j in range(job.n)]
+    # n copies of each prompt, each its own sample with its own rid, rather than SGLang's `n`: for a
+    # batch with n > 1, SGLang 0.5.17 first prefills the prompts one at a time, each awaited before
+    # the next is sent (TokenizerManager._handle_batch_request; its log warns to duplicate instead).
+    # On the H200 that was ~70 prompts/s with the GPU idle: 1024 prompts x n=4 decoded at 13.6k
+    # tok/s in one request vs 26k as one request per prompt (docs/benchmarks.md, 2026-11-30).
+    ids = [p for p in ids for _ in range(job.n)]
+    rids = [f"rlgen-{uuid.uuid4().hex}" for _ in ids]
+    if job.n > 1 and sampling.get("sampling_seed") is not None:
+        # One seed for n copies of a prompt would draw n identical samples: seed + sample index.
+        seed = sampling["sampling_seed"]
+        sampling = [{**sampling, "sampling_seed": seed + j} for _ in range(stop - start) for j in range(job.n)]
     payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids, **job.extra_request}
     for name, values in job.per_prompt.items():
         chunk = values[start:stop]
@@ -163,11 +178,11 @@ async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, An
         job.itl_s[first + index] = sum(intervals) / len(intervals) if intervals else None
 
 
-async def _abort(client: Client, rids: list[str], *, abort_all: bool) -> None:
+async def _abort(client: Client, rids: list[str]) -> None:
     """Best effort: the caller is already failing; a dead server must not mask the real error."""
-    if not rids and not abort_all:
+    if not rids:
         return
     try:
-        await asyncio.wait_for(client.abort(None if abort_all else rids), timeout=10)
+        await asyncio.wait_for(client.abort(rids), timeout=10)
     except (RequestError, asyncio.TimeoutError, OSError):
         pass

@@ -326,6 +326,25 @@ def test_many_prompts_go_in_chunks_and_every_one_gets_its_row(engine) -> None:
     assert res.df.completion_tokens.tolist() == [1] * 40
 
 
+@pytest.mark.parametrize(("info", "capacity"), [
+    ({"internal_states": [{"effective_max_running_requests_per_dp": 4096}]}, 4096),
+    ({"internal_states": [{"effective_max_running_requests_per_dp": 512}] * 2}, 1024),  # --dp-size 2
+    ({"internal_states": [{"num_running_reqs": 0}]}, None),  # an older server
+    ({}, None),  # a router
+])
+def test_the_servers_running_capacity_is_read_from_its_info(info: dict, capacity: int | None) -> None:
+    assert rlgen._engine._running_capacity(info) == capacity
+
+
+def test_by_default_enough_chunks_go_out_at_once_to_fill_the_batch_the_server_runs(engine) -> None:
+    capacity = engine._server_info["internal_states"][0]["effective_max_running_requests_per_dp"]
+    assert isinstance(capacity, int) and capacity > 1  # SGLang and the CPU backend both report it
+    job, _, _ = engine._prepare_from_options(["a", "b"], {"chunk_size": 2, "n": 2})
+    assert job.max_in_flight == -(-capacity // 4) + 1  # the whole running batch, plus one chunk queued
+    job, _, _ = engine._prepare_from_options(["a", "b"], {"chunk_size": 2, "max_in_flight": 3})
+    assert job.max_in_flight == 3
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_aborts_on_the_server_raises_promptly_and_keeps_the_engine_usable(engine) -> None:
     main = threading.main_thread().ident

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from rlgen._generate import GenerateJob, run_generate
+from rlgen._generate import FALLBACK_IN_FLIGHT, GenerateJob, chunks_to_fill, run_generate
 
 
 class HangingClient:
@@ -24,7 +24,7 @@ class HangingClient:
         await asyncio.sleep(3600)
         return []
 
-    async def abort(self, rids: list[str] | None = None) -> None:
+    async def abort(self, rids: list[str]) -> None:
         self.aborted = rids
 
 
@@ -50,6 +50,17 @@ def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
     assert job.results == [None, None, None]  # nothing finished, nothing invented
 
 
+def test_n_samples_go_as_n_copies_of_each_prompt_with_their_own_rids_and_are_aborted_by_them() -> None:
+    # Not SGLang's `n`: for a batch with n > 1 it prefills the prompts one at a time, awaiting each.
+    client = HangingClient()
+    job = GenerateJob(prompt_ids=[[1, 2], [3]], sampling={"max_new_tokens": 4}, n=2)
+    _start_then_cancel(client, job)
+    (payload,) = client.sent
+    assert payload["input_ids"] == [[1, 2], [1, 2], [3], [3]]
+    assert "n" not in payload["sampling_params"]
+    assert len(set(payload["rid"])) == 4 and client.aborted == payload["rid"]
+
+
 def test_n_samples_with_a_seed_get_one_seed_each() -> None:
     client = HangingClient()
     job = GenerateJob(prompt_ids=[[1, 2]], sampling={"max_new_tokens": 4, "sampling_seed": 7}, n=3)
@@ -73,6 +84,18 @@ class CountingClient:
         self.in_flight -= 1
         n = payload["sampling_params"].get("n", 1)
         return [{"text": "", "output_ids": [], "meta_info": {}} for _ in payload["input_ids"] for _ in range(n)]
+
+
+@pytest.mark.parametrize(("capacity", "chunk_size", "n", "chunks"), [
+    (4096, 256, 1, 17),  # 4096 prompts (16 chunks) all go at once, as in one request
+    (4096, 256, 4, 5),   # a chunk is 1024 samples
+    (4096, 300, 1, 15),  # a partial chunk counts as a chunk
+    (64, 256, 1, 2),     # one chunk fills the server; one more waits
+    (None, 256, 1, FALLBACK_IN_FLIGHT),  # the server does not say (a router)
+])
+def test_the_default_in_flight_fills_the_servers_running_batch_plus_one_chunk(
+        capacity: int | None, chunk_size: int, n: int, chunks: int) -> None:
+    assert chunks_to_fill(capacity, chunk_size, n) == chunks
 
 
 @pytest.mark.parametrize("max_in_flight", [1, 3, 8])

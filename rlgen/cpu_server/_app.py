@@ -277,7 +277,8 @@ class Routes:
             "weight_version": state.weight_version,
             "max_total_num_tokens": runner.max_running_requests * runner.context_length,
             "max_req_input_len": _max_req_input_len(runner),
-            "internal_states": [{"num_running_reqs": runner.num_running, "num_waiting_reqs": runner.num_waiting}],
+            "internal_states": [{"num_running_reqs": runner.num_running, "num_waiting_reqs": runner.num_waiting,
+                                 "effective_max_running_requests_per_dp": runner.max_running_requests}],
             "version": f"{SGLANG_API_VERSION}+rlgen.cpu",
             "rlgen_backend": "cpu",
         }
