@@ -161,17 +161,36 @@ def site_flags() -> list[str]:
     return shlex.split(os.environ[SGLANG_ARGS_ENV])
 
 
-def site_kwargs() -> dict[str, Any]:
-    """`site_flags()` as `sglang.Engine(**kwargs)`: `--attention-backend triton` -> attention_backend="triton"."""
-    flags, out = site_flags(), {}
+def flags_as_kwargs(flags: list[str]) -> dict[str, Any]:
+    """Server flags as `sglang.Engine(**kwargs)`: `--cuda-graph-max-bs-decode 512` -> cuda_graph_max_bs_decode=512."""
+    out: dict[str, Any] = {}
     i = 0
     while i < len(flags):
         key = flags[i].lstrip("-").replace("-", "_")
         if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            out[key], i = flags[i + 1], i + 2
+            out[key], i = _number_or_text(flags[i + 1]), i + 2
         else:
             out[key], i = True, i + 1
     return out
+
+
+def server_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """The flags of a launched server's argv: after `--model-path X`, without --host/--port."""
+    flags = list(argv[argv.index("--model-path") + 2:])
+    for name in ("--host", "--port"):
+        if name in flags:
+            at = flags.index(name)
+            del flags[at:at + 2]
+    return flags
+
+
+def _number_or_text(value: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,10 +219,13 @@ class Workload:
 
         return Sampling(**self.options).to_sglang()
 
-    def payload(self, prompts: list[list[int]] | list[int]) -> dict[str, Any]:
-        """A /generate body as rlgen builds it (native `n`; logprob flags), without rlgen's rids."""
-        sampling = {**self.sampling, "n": self.n} if self.n > 1 else self.sampling
-        body: dict[str, Any] = {"input_ids": prompts, "sampling_params": sampling}
+    def payload(self, prompts: list[list[int]] | list[int], *, native_n: bool = False) -> dict[str, Any]:
+        """A /generate body as rlgen builds it (n copies of each prompt; logprob flags), without
+        rlgen's rids. `native_n=True`: each prompt once, with SGLang's `n` in the sampling params."""
+        if native_n and self.n > 1:
+            body: dict[str, Any] = {"input_ids": prompts, "sampling_params": {**self.sampling, "n": self.n}}
+        else:
+            body = {"input_ids": [p for p in prompts for _ in range(self.n)], "sampling_params": self.sampling}
         if self.logprobs:
             body["return_logprob"] = True
             body["top_logprobs_num"] = 0
@@ -356,17 +378,23 @@ class RawClient:
         """Every prompt in ONE batched request."""
         return _checked(self._gather([wl.payload(wl.prompts)]), wl.n_samples)
 
-    def chunked(self, wl: Workload, chunk_size: int = CHUNK_SIZE) -> int:
+    def chunked(self, wl: Workload, chunk_size: int = CHUNK_SIZE, *, native_n: bool = False) -> int:
         """Batched requests of `chunk_size` prompts, all in flight at once."""
-        bodies = [wl.payload(wl.prompts[a:a + chunk_size]) for a in range(0, len(wl.prompts), chunk_size)]
+        bodies = [wl.payload(wl.prompts[a:a + chunk_size], native_n=native_n)
+                  for a in range(0, len(wl.prompts), chunk_size)]
         return _checked(self._gather(bodies), wl.n_samples)
 
+    def chunked_native_n(self, wl: Workload) -> int:
+        """`chunked` with SGLang's own `n` (what rlgen sent before 2026-11-30c; same as chunked at n=1)."""
+        return self.chunked(wl, native_n=True)
+
     def per_request(self, wl: Workload) -> int:
-        """One request per prompt (its n samples in it), all concurrent: AReaL's pattern."""
-        return _checked(self._gather([wl.payload(p) for p in wl.prompts]), wl.n_samples)
+        """One request per prompt (its n samples in it, SGLang's `n`), all concurrent: AReaL's pattern."""
+        return _checked(self._gather([wl.payload(p, native_n=True) for p in wl.prompts]), wl.n_samples)
 
     def methods(self) -> dict[str, Callable[[Workload], int]]:
-        return {"raw-1req": self.one_request, "raw-chunked": self.chunked, "per-request": self.per_request}
+        return {"raw-1req": self.one_request, "raw-chunked": self.chunked, "raw-chunked-n": self.chunked_native_n,
+                "per-request": self.per_request}
 
 
 def raise_fd_limit() -> None:

@@ -1,15 +1,15 @@
 """Generation throughput: rlgen vs raw batched /generate vs one request per prompt vs sglang.Engine.
 
 Not a test. Starts ONE SGLang server with `rlgen.Engine(model, backend="sglang", progress=False)`
-(rlgen's defaults) and then, in this process, `sglang.Engine` (same model and site flags, a KV
+(rlgen's defaults) and then, in this process, `sglang.Engine` (same model and the server's flags, a KV
 pool of the same share of the GPU), so that both are up at once. Then, for each workload:
 
     raw-1req       every prompt in ONE batched POST /generate to rlgen's server (aiohttp, orjson)
     raw-chunked    batched requests of 256 prompts, all in flight at once, same server
     rlgen          eng.generate(...) then res.df and res.tensors() (the whole user-visible cost)
-    rlgen-256      the same with at most 256 samples in flight (chunk_size=128//n, max_in_flight=2):
-                   SGLang captures decode CUDA graphs up to batch 256 by default, and the first
-                   run decoded 4096 requests at once without graphs, slower than per-request
+    raw-chunked-n  raw-chunked with SGLang's own `n` in each request instead of n copies of each
+                   prompt (rlgen's request until 2026-11-30: SGLang then prefills a batch's
+                   prompts one at a time before it samples); the same as raw-chunked when n=1
     per-request    one POST per prompt (its n samples in it), all concurrent (AReaL's pattern)
     sglang.Engine  llm.generate(input_ids=..., ...) in-process, on its own scheduler
 
@@ -59,7 +59,7 @@ SIZES = {
     "full": {"a": (256, 64, 128), "b": (1024, 64, 64), "b_n": 4, "c": (512, 128)},
     "quick": {"a": (4, 8, 4), "b": (4, 8, 4), "b_n": 2, "c": (4, 8)},
 }
-HTTP_METHODS = ("raw-1req", "raw-chunked", "rlgen", "rlgen-256", "per-request")
+HTTP_METHODS = ("raw-1req", "raw-chunked", "raw-chunked-n", "rlgen", "per-request")
 OFFLINE = "sglang.Engine"
 METHODS = (*HTTP_METHODS, OFFLINE)
 WARMUP_PROMPTS = 64
@@ -77,8 +77,9 @@ def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workloa
     return [makers[name]() for name in names]
 
 
-def start_offline_engine(model: str) -> tuple[object, dict[str, object]]:
-    """`sglang.Engine` in this process, beside the running server, with a KV pool like the server's.
+def start_offline_engine(model: str, server_argv: list[str]) -> tuple[object, dict[str, object]]:
+    """`sglang.Engine` in this process, beside the running server: the server's flags (rlgen's
+    defaults and the site's), and a KV pool like the server's.
 
     SGLang sizes its pool so that (1 - mem_fraction_static) of the GPU stays free, counting other
     processes' memory as used: beside a server holding share s, the same pool needs s + default.
@@ -89,7 +90,8 @@ def start_offline_engine(model: str) -> tuple[object, dict[str, object]]:
     used, total = C.gpu_used_mib(), C.gpu_total_mib()
     held = used / total if used is not None and total else 0.0
     fraction = round(min(0.95, held + DEFAULT_GPU_MEMORY_FRACTION), 3)
-    kwargs = {"model_path": model, "mem_fraction_static": fraction, "log_level": "error", **C.site_kwargs()}
+    kwargs = {**C.flags_as_kwargs(C.server_flags(server_argv)), "model_path": model,
+              "mem_fraction_static": fraction, "log_level": "error"}
     C.log(f"starting sglang.Engine({kwargs}) beside the server (GPU {held:.1%} held before it) ...")
     asyncio.set_event_loop(asyncio.new_event_loop())  # it runs on the main thread's loop
     t0 = time.monotonic()
@@ -136,7 +138,7 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
             C.log(f"sglang.Engine SKIPPED: {record['offline_skipped']}")
         else:
             try:
-                llm, record["offline_engine"] = start_offline_engine(model)
+                llm, record["offline_engine"] = start_offline_engine(model, eng._server.argv)
             except Exception as err:  # noqa: BLE001 - the HTTP methods still run
                 record["offline_error"] = f"{type(err).__name__}: {err}"
                 C.log(f"sglang.Engine FAILED to start: {record['offline_error']}")
@@ -148,8 +150,7 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                 llm.flush_cache()  # type: ignore[attr-defined]
 
         with C.RawClient(eng.url) as raw:
-            methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl),
-                       "rlgen-256": lambda wl: C.rlgen_generate(eng, wl, chunk_size=max(1, 128 // wl.n), max_in_flight=2)}
+            methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl)}
             if llm is not None:
                 methods[OFFLINE] = offline_generate(llm)
             methods = {name: methods[name] for name in METHODS if name in methods}
@@ -235,7 +236,7 @@ def report(workloads: list[C.Workload], record: C.Record) -> None:
     speed_rows, ratio_rows, ratios = [], [], {}
     for wl in workloads:
         m = {name: med(wl, name) for name in methods}
-        best_raw = max((v for v in (m["raw-1req"], m["raw-chunked"]) if v), default=None)
+        best_raw = max((v for v in (m["raw-1req"], m["raw-chunked"], m["raw-chunked-n"]) if v), default=None)
         ratios[wl.name] = r = {
             "rlgen/raw-1req": C.ratio(m["rlgen"], m["raw-1req"]),
             "rlgen/raw-chunked": C.ratio(m["rlgen"], m["raw-chunked"]),
@@ -251,7 +252,8 @@ def report(workloads: list[C.Workload], record: C.Record) -> None:
     for wl in workloads:
         print(f"  {wl.name}: {wl.describe}", flush=True)
     print("  every method sends the same input_ids and sampling flags, including return_logprob when rlgen's\n"
-          "  default logprobs=True is on (add workload a0 for workload a without logprobs)", flush=True)
+          "  default logprobs=True is on (add workload a0 for workload a without logprobs); with n > 1,\n"
+          "  raw-chunked-n, per-request and nothing else use SGLang's own n", flush=True)
     errors = {f"{wl}/{name}": res["error"] for wl, per in record["results"].items()
               for name, res in per.items() if res.get("error")}
     for where, err in errors.items():
