@@ -206,6 +206,7 @@ class Workload:
     options: dict[str, Any]          # rlgen.generate sampling options: max_new_tokens, temperature, ignore_eos
     n: int = 1
     logprobs: bool = True            # rlgen's default
+    top_logprobs: int = 0            # top-k logprobs at every position (rlgen's top_logprobs=)
     describe: str = ""
 
     @property
@@ -226,9 +227,9 @@ class Workload:
             body: dict[str, Any] = {"input_ids": prompts, "sampling_params": {**self.sampling, "n": self.n}}
         else:
             body = {"input_ids": [p for p in prompts for _ in range(self.n)], "sampling_params": self.sampling}
-        if self.logprobs:
+        if self.logprobs or self.top_logprobs:
             body["return_logprob"] = True
-            body["top_logprobs_num"] = 0
+            body["top_logprobs_num"] = self.top_logprobs
         return body
 
     def head(self, count: int) -> Workload:
@@ -250,13 +251,14 @@ def token_prompts(count: int, length: int, *, seed: int = 0) -> list[list[int]]:
 
 
 def token_workload(name: str, count: int, prompt_len: int, new_tokens: int, *, n: int = 1,
-                   logprobs: bool = True, seed: int = 0) -> Workload:
+                   logprobs: bool = True, top_logprobs: int = 0, seed: int = 0) -> Workload:
     """Fixed-length token-id prompts -> exactly `new_tokens` tokens each (ignore_eos)."""
     return Workload(
         name=name, prompts=token_prompts(count, prompt_len, seed=seed),
         options={"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}, n=n, logprobs=logprobs,
+        top_logprobs=top_logprobs,
         describe=f"{count} prompts x {prompt_len} tokens -> {new_tokens} new, n={n}, ignore_eos, "
-                 f"logprobs={'on' if logprobs else 'off'}",
+                 f"logprobs={'on' if logprobs else 'off'}{f', top-{top_logprobs}' if top_logprobs else ''}",
     )
 
 
@@ -414,7 +416,8 @@ def raise_fd_limit() -> None:
 
 def rlgen_generate(eng: Any, wl: Workload, **options: Any) -> int:
     """rlgen as a user calls it, including the DataFrame and the tensors (`options`: e.g. chunk_size)."""
-    res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, progress=False, **wl.options, **options)
+    res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, top_logprobs=wl.top_logprobs, progress=False,
+                       **wl.options, **options)
     tokens = int(res.df["completion_tokens"].sum())
     tensors = res.tensors()
     if tensors["response_ids"].shape[0] != wl.n_samples:

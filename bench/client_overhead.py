@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import random
 import statistics
 import sys
 import time
 from itertools import chain
+from pathlib import Path
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -128,6 +131,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--options", action="store_true", help="also compare logprob extraction methods")
+    ap.add_argument("--out", type=Path, default=None, help="also write the medians here (JSON)")
     args = ap.parse_args()
     if args.rows % args.n:
         ap.error("--rows must be a multiple of --n")
@@ -153,10 +157,13 @@ def main() -> None:
         f"{'variant':12s} {'cyclic gc':9s} {'parse':>8s} {'build':>8s} {'tensors':>8s} {'free':>8s} {'total':>8s} "
         f"{'us/token':>9s} {'build+tensors us/token':>23s}"
     )
+    summary = []
     for (name, gc_paused), runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("parse", "build", "tensors", "free")}
         tokens = runs[0]["tokens"]
         total = sum(med.values())
+        summary.append({"variant": name, "gc_paused": gc_paused, "tokens": tokens, "total_s": total,
+                        **{f"{k}_s": v for k, v in med.items()}})
         ours = med["build"] + med["tensors"]
         print(
             f"{name:12s} {'paused' if gc_paused else 'on':9s} {med['parse'] * 1e3:8.1f} {med['build'] * 1e3:8.1f} "
@@ -164,6 +171,10 @@ def main() -> None:
             f"{total / tokens * 1e6:9.3f} {ours / tokens * 1e6:23.3f}"
         )
     print(f"tokens per variant: {int(tokens)}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "medians": summary,
+                                        "cpu_count": os.cpu_count()}, indent=1))
     if args.options:
         compare_options(variants["top_k=0"][0], args.repeats)
 

@@ -30,7 +30,7 @@ count here, as they do for a user: seconds from `Engine(` to the first token.
 
 Side by side (the throughput target): SGLang's defaults are started again beside the running
 rlgen-defaults server, and workload a runs on both in turn (raw batched request on each, and
-rlgen's generate), 5 repeats, interleaved. Throughput measured one start after another is only
+rlgen's generate), 11 repeats, interleaved. Throughput measured one start after another is only
 indicative: on the lent H200 it drifted by tens of percent within minutes.
 
 The first SGLang start on a fresh machine is much slower (no .pyc, no Triton cache: 134 s vs ~50 s
@@ -60,7 +60,7 @@ import _common as C
 from rlgen._server_log import LogFollower
 
 CONFIGS = ("sglang-defaults", "rlgen-fast_start", "rlgen-defaults")  # rlgen-defaults last: it stays up
-SIDE_BY_SIDE_REPEATS = 5
+SIDE_BY_SIDE_REPEATS = 11  # 5 left the 2026-11-30 comparison undecided (rank test p 0.1-0.2); ~1 s each
 # (key, pattern, which occurrence) in the server log, case-insensitive.
 MARKERS = (
     ("load_begin", r"load weight begin", "first"),

@@ -24,6 +24,8 @@ Workloads:
     a   256 prompts x 64 tokens -> 128 new, ignore_eos            (random token ids, fixed seed)
     b   1024 prompts x 64 tokens, n=4 -> 64 new, ignore_eos
     c   512 chat prompts from templates -> up to 128 new, natural stops, temperature 1
+    a5  workload a with top-5 logprobs: the generation time the client-overhead target
+        (bench/client_overhead.py, top-5 variant) is measured against
     a0  (optional) workload a with logprobs off, for every method
 
 With --profile-s S (and py-spy on PATH), a last phase samples, for S seconds each, the server's
@@ -63,7 +65,7 @@ HTTP_METHODS = ("raw-1req", "raw-chunked", "raw-chunked-n", "rlgen", "per-reques
 OFFLINE = "sglang.Engine"
 METHODS = (*HTTP_METHODS, OFFLINE)
 WARMUP_PROMPTS = 64
-REPEATS = {"a": 5, "a0": 5, "b": 3, "c": 3}  # b's runs take 10-20 s, c's 2-4 s, a's about 1 s
+REPEATS = {"a": 5, "a0": 5, "a5": 5, "b": 3, "c": 3}  # b's runs take 10-20 s, c's 2-4 s, a's about 1 s
 
 
 def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workload]:
@@ -71,6 +73,7 @@ def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workloa
     makers = {
         "a": lambda: C.token_workload("a", *s["a"], seed=1),
         "a0": lambda: C.token_workload("a0", *s["a"], logprobs=False, seed=1),
+        "a5": lambda: C.token_workload("a5", *s["a"], top_logprobs=5, seed=1),
         "b": lambda: C.token_workload("b", *s["b"], n=s["b_n"], seed=2),
         "c": lambda: C.chat_workload("c", *s["c"], model, seed=3),
     }
@@ -109,7 +112,7 @@ def offline_generate(llm: object) -> Callable[[C.Workload], int]:
     def generate(wl: C.Workload) -> int:
         body = wl.payload(wl.prompts)
         out = llm.generate(input_ids=body["input_ids"], sampling_params=body["sampling_params"],  # type: ignore[attr-defined]
-                           return_logprob=wl.logprobs)
+                           return_logprob=wl.logprobs or bool(wl.top_logprobs), top_logprobs_num=wl.top_logprobs)
         out = out if isinstance(out, list) else [out]
         if len(out) != wl.n_samples:
             raise RuntimeError(f"sglang.Engine answered {len(out)} samples for {wl.n_samples}")
@@ -287,14 +290,14 @@ def report(workloads: list[C.Workload], record: C.Record) -> None:
 
 def main() -> None:
     ap = C.base_parser(__doc__)
-    ap.add_argument("--workloads", default="a,b,c", help="comma-separated subset of a,a0,b,c (default a,b,c)")
+    ap.add_argument("--workloads", default="a,b,c,a5", help="comma-separated subset of a,a0,a5,b,c (default a,b,c,a5)")
     ap.add_argument("--skip-offline", action="store_true", help="skip sglang.Engine")
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="after the timings, py-spy each side for this many seconds on the first workload (0: off)")
     args = ap.parse_args()
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if not names or set(names) - {"a", "a0", "b", "c"}:
-        ap.error("--workloads takes a comma-separated subset of a,a0,b,c")
+    if not names or set(names) - {"a", "a0", "a5", "b", "c"}:
+        ap.error("--workloads takes a comma-separated subset of a,a0,a5,b,c")
 
     C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
     model = C.model_path(args.model)
