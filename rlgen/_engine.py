@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeGuard
 from . import _loop
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
-from ._generate import GenerateJob, chunks_to_fill, run_generate
+from ._generate import GenerateJob, chunks_to_fill, new_rid, run_generate
 from ._launch import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 from ._models import resolve_model
 from ._prompts import normalize_prompts
@@ -416,10 +416,6 @@ class Engine:
         info = self._server_info
         return info.get("rlgen_backend") == "cpu" or bool(info.get("enable_deterministic_inference"))
 
-    @property
-    def _owns_server(self) -> bool:
-        return self._server is not None
-
     @contextlib.contextmanager
     def _progress_bar(self, job: GenerateJob, progress: bool | None) -> Iterator[Any]:
         from ._display import progress_bar
@@ -461,7 +457,7 @@ class Engine:
         job, _, _ = self._prepare_from_options(prompt, {**options, "stream": True})
         if len(job.prompt_ids) != 1 or job.n != 1:
             raise ValueError("stream() takes one prompt and n=1; use generate(stream=True) for batches")
-        payload = {"input_ids": job.prompt_ids[0], "sampling_params": job.sampling, "rid": f"rlgen-{os.urandom(8).hex()}"}
+        payload = {"input_ids": job.prompt_ids[0], "sampling_params": job.sampling, "rid": new_rid()}
         pieces: queue.Queue[Any] = queue.Queue()
         done = object()
 
@@ -522,7 +518,7 @@ class Engine:
         Returns max/mean absolute difference over response tokens (SGLang reports sampled
         logprobs after temperature: compare rollouts sampled at temperature 1).
         """
-        from ._results import compare_logprobs
+        from ._results import Rollouts, compare_logprobs
 
         t = rollouts.tensors()
         prompt_ids = [row[m].tolist() for row, m in zip(t["prompt_ids"], t["prompt_mask"])]
@@ -531,8 +527,6 @@ class Engine:
         if not keep:
             raise ValueError("the rollouts have no response tokens to re-score")
         rescored = self._score_ids([prompt_ids[i] for i in keep], [response_ids[i] for i in keep], progress=False)
-        from ._results import Rollouts
-
         rescored_r = Rollouts.from_responses(rescored, prompt_ids=[prompt_ids[i] for i in keep], n=1,
                                              pad_token_id=_pad_id(self.tokenizer))
         return compare_logprobs(rollouts[keep], rescored_r)

@@ -20,7 +20,7 @@ from typing import Any
 from ._client import Client
 from ._errors import RequestError, ServerRequestError
 
-__all__ = ["GenerateJob", "run_generate"]
+__all__ = ["FALLBACK_IN_FLIGHT", "GenerateJob", "chunks_to_fill", "new_rid", "run_generate"]
 
 
 @dataclass
@@ -60,7 +60,7 @@ def chunks_to_fill(server_capacity: int | None, chunk_size: int, n: int) -> int:
     A fixed 8 x 256 prompts split 4096 prompts into two waves of 2048 on an H200 whose SGLang runs
     4096 at once, and decoded them 0.79x as fast as one request (docs/benchmarks.md, 2026-11-30).
     """
-    if server_capacity is None or server_capacity < 1:
+    if server_capacity is None:
         return FALLBACK_IN_FLIGHT
     return -(-server_capacity // (chunk_size * n)) + 1
 
@@ -121,25 +121,29 @@ async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = N
         raise
 
 
+def new_rid() -> str:
+    """A request id for one sample: rlgen's own, so that it can abort exactly what it sent."""
+    return f"rlgen-{uuid.uuid4().hex}"
+
+
 def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], list[str]]:
     """The /generate body for prompts [start, stop), and the rids it carries."""
-    ids = job.prompt_ids[start:stop]
-    sampling: Any = dict(job.sampling)
+    prompts = job.prompt_ids[start:stop]
     # n copies of each prompt, each its own sample with its own rid, rather than SGLang's `n`: for a
     # batch with n > 1, SGLang 0.5.17 first prefills the prompts one at a time, each awaited before
     # the next is sent (TokenizerManager._handle_batch_request; its log warns to duplicate instead).
     # On the H200 that was ~70 prompts/s with the GPU idle: 1024 prompts x n=4 decoded at 13.6k
     # tok/s in one request vs 26k as one request per prompt (docs/benchmarks.md, 2026-11-30).
-    ids = [p for p in ids for _ in range(job.n)]
-    rids = [f"rlgen-{uuid.uuid4().hex}" for _ in ids]
+    ids = [p for p in prompts for _ in range(job.n)]
+    rids = [new_rid() for _ in ids]
+    sampling: Any = job.sampling
     if job.n > 1 and sampling.get("sampling_seed") is not None:
         # One seed for n copies of a prompt would draw n identical samples: seed + sample index.
         seed = sampling["sampling_seed"]
-        sampling = [{**sampling, "sampling_seed": seed + j} for _ in range(stop - start) for j in range(job.n)]
+        sampling = [{**job.sampling, "sampling_seed": seed + j} for _ in prompts for j in range(job.n)]
     payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids, **job.extra_request}
     for name, values in job.per_prompt.items():
-        chunk = values[start:stop]
-        payload[name] = chunk if len(chunk) == len(ids) else [v for v in chunk for _ in range(job.n)]
+        payload[name] = [v for v in values[start:stop] for _ in range(job.n)]
     if job.logprobs or job.top_logprobs:
         payload["return_logprob"] = True
         payload["top_logprobs_num"] = job.top_logprobs
