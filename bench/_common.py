@@ -27,6 +27,7 @@ import asyncio
 import gc
 import http.client
 import json
+import math
 import os
 import platform
 import random
@@ -40,7 +41,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +110,15 @@ class Record:
     def __init__(self, path: str, args: argparse.Namespace, script: str) -> None:
         self.path = Path(path)
         self.data: dict[str, Any] = {"script": script, "args": vars(args), "environment": environment(), "complete": False}
+
+    @classmethod
+    def load(cls, saved: str, *, out: str) -> Record:
+        """A saved run, to be reported again and written to `out` (`saved` itself is left alone)."""
+        self = cls.__new__(cls)
+        self.path = Path(out)
+        self.data = json.loads(Path(saved).read_text())
+        self.data["reported_again_from"] = saved
+        return self
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.data[key] = value
@@ -318,10 +328,34 @@ def _entries(decoded: Any) -> list[dict[str, Any]]:
     return decoded if isinstance(decoded, list) else [decoded]
 
 
-def _checked(entries: list[dict[str, Any]], expected: int) -> int:
+class Served(NamedTuple):
+    """What one timed call returns: generated tokens, and the server's own time for them (None
+    where it does not say): the longest sample's `e2e_latency`, which SGLang measures from the
+    moment its tokenizer manager takes the request to the moment it has that sample's output.
+
+    wall time - server_s is the time outside the server: building and sending the request, the
+    HTTP transport and the server's JSON encoding of the answer, the client's parsing and what it
+    builds. For one request (or chunks sent at once) it isolates the client's cost from the
+    server's run-to-run spread; for requests sent one after another it does not.
+    """
+
+    tokens: int
+    server_s: float | None = None
+
+
+def server_span(latencies: Sequence[Any]) -> float | None:
+    kept = [float(v) for v in latencies if v is not None and v == v]
+    return max(kept) if kept else None
+
+
+def served(entries: Sequence[Mapping[str, Any]]) -> Served:
+    return Served(completion_tokens(entries), server_span([e["meta_info"].get("e2e_latency") for e in entries]))
+
+
+def _checked(entries: list[dict[str, Any]], expected: int) -> Served:
     if len(entries) != expected:
         raise RuntimeError(f"the server answered {len(entries)} samples for {expected}")
-    return completion_tokens(entries)
+    return served(entries)
 
 
 class RawClient:
@@ -376,25 +410,25 @@ class RawClient:
 
         return [e for part in self._loop.run_until_complete(all_of()) for e in part]
 
-    def one_request(self, wl: Workload) -> int:
+    def one_request(self, wl: Workload) -> Served:
         """Every prompt in ONE batched request."""
         return _checked(self._gather([wl.payload(wl.prompts)]), wl.n_samples)
 
-    def chunked(self, wl: Workload, chunk_size: int = CHUNK_SIZE, *, native_n: bool = False) -> int:
+    def chunked(self, wl: Workload, chunk_size: int = CHUNK_SIZE, *, native_n: bool = False) -> Served:
         """Batched requests of `chunk_size` prompts, all in flight at once."""
         bodies = [wl.payload(wl.prompts[a:a + chunk_size], native_n=native_n)
                   for a in range(0, len(wl.prompts), chunk_size)]
         return _checked(self._gather(bodies), wl.n_samples)
 
-    def chunked_native_n(self, wl: Workload) -> int:
+    def chunked_native_n(self, wl: Workload) -> Served:
         """`chunked` with SGLang's own `n` (what rlgen sent before 2026-11-30c; same as chunked at n=1)."""
         return self.chunked(wl, native_n=True)
 
-    def per_request(self, wl: Workload) -> int:
+    def per_request(self, wl: Workload) -> Served:
         """One request per prompt (its n samples in it, SGLang's `n`), all concurrent: AReaL's pattern."""
         return _checked(self._gather([wl.payload(p, native_n=True) for p in wl.prompts]), wl.n_samples)
 
-    def methods(self) -> dict[str, Callable[[Workload], int]]:
+    def methods(self) -> dict[str, Callable[[Workload], Served]]:
         return {"raw-1req": self.one_request, "raw-chunked": self.chunked, "raw-chunked-n": self.chunked_native_n,
                 "per-request": self.per_request}
 
@@ -414,15 +448,15 @@ def raise_fd_limit() -> None:
             pass
 
 
-def rlgen_generate(eng: Any, wl: Workload, **options: Any) -> int:
+def rlgen_generate(eng: Any, wl: Workload, **options: Any) -> Served:
     """rlgen as a user calls it, including the DataFrame and the tensors (`options`: e.g. chunk_size)."""
     res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, top_logprobs=wl.top_logprobs, progress=False,
                        **wl.options, **options)
-    tokens = int(res.df["completion_tokens"].sum())
+    df = res.df
     tensors = res.tensors()
     if tensors["response_ids"].shape[0] != wl.n_samples:
         raise RuntimeError(f"rlgen returned {tensors['response_ids'].shape[0]} rows for {wl.n_samples}")
-    return tokens
+    return Served(int(df["completion_tokens"].sum()), server_span(df["latency_s"].tolist()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,7 +497,7 @@ def flush_cache(url: str, tries: int = 3) -> None:
 
 
 def run_interleaved(
-    methods: Mapping[str, Callable[[Workload], int]],
+    methods: Mapping[str, Callable[[Workload], int | Served]],
     wl: Workload,
     *,
     repeats: int,
@@ -473,7 +507,9 @@ def run_interleaved(
 ) -> dict[str, dict[str, Any]]:
     """Time each method on `wl`: one warm-up each, then `repeats` rounds in rotated order.
 
-    Each method returns the number of generated tokens; a run records seconds, tokens and tokens/s.
+    Each method returns the number of generated tokens, or a `Served` (tokens and the server's own
+    time); a run records seconds, tokens, tokens/s and, where the server said, server_s and
+    outside_s (seconds - server_s).
     A method that raises is recorded (error + traceback) and skipped from then on. Returns per
     method: runs, warmup, error, median_tok_s, median_s.
     """
@@ -491,14 +527,18 @@ def run_interleaved(
         gc.collect()
         t0 = time.perf_counter()
         try:
-            tokens = methods[name](workload)
+            outcome = methods[name](workload)
         except Exception as err:  # noqa: BLE001 - one failing method must not stop the others
             out[name]["error"] = f"{phase}: {type(err).__name__}: {err}"
             out[name]["traceback"] = traceback.format_exc(limit=8)
             log(f"  {label}{name}: FAILED in {phase}: {type(err).__name__}: {str(err)[:300]}")
             return None
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds if seconds > 0 else float("nan")}
+        got = outcome if isinstance(outcome, Served) else Served(int(outcome))
+        run = {"seconds": seconds, "tokens": got.tokens, "tok_s": got.tokens / seconds if seconds > 0 else float("nan")}
+        if got.server_s is not None:
+            run.update(server_s=got.server_s, outside_s=seconds - got.server_s)
+        return run
 
     for name in names:
         out[name]["warmup"] = attempt(name, warmup or wl, "warm-up")
@@ -525,6 +565,51 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics for a handful of noisy runs (no scipy on the GPU image's path is assumed)
+
+
+def rank_test_p(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Two-sided Mann-Whitney U test of "x and y come from one distribution" (normal
+    approximation with a tie correction; fair from about 4 runs a side). None if a side is empty."""
+    if not x or not y:
+        return None
+    pooled = sorted((v, side) for side, values in ((0, x), (1, y)) for v in values)
+    ranks: list[float] = [0.0] * len(pooled)
+    ties = 0.0
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2 + 1
+        ties += (j - i + 1) ** 3 - (j - i + 1)
+        i = j + 1
+    n1, n2 = len(x), len(y)
+    u = sum(r for r, (_, side) in zip(ranks, pooled) if side == 0) - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (abs(u - n1 * n2 / 2) - 0.5) / var ** 0.5  # continuity correction
+    return min(1.0, math.erfc(max(z, 0.0) / 2 ** 0.5))
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, level: float = 0.9, draws: int = 4000,
+                    seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval for median(num) / median(den), each side resampled on its own."""
+    if not num or not den:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(num, k=len(num))) / statistics.median(rng.choices(den, k=len(den)))
+        for _ in range(draws)
+    )
+    tail = (1 - level) / 2
+    return ratios[int(tail * draws)], ratios[min(draws - 1, int((1 - tail) * draws))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -604,6 +689,23 @@ class Targets:
     """Target checks collected while printing, stored in the JSON as they were printed."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def check_interval(self, name: str, value: float | None, interval: tuple[float, float] | None,
+                       bound: float) -> None:
+        """`value >= bound`, judged on its interval: PASS if all of it is at or above the bound, FAIL if
+        all of it is below, NOISE if it straddles the bound (the runs cannot tell)."""
+        if value is None or interval is None:
+            ok, word = None, "n/a"
+        else:
+            lo, hi = interval
+            ok = True if lo >= bound else (False if hi < bound else None)
+            word = verdict(ok) if ok is not None else "NOISE"
+        self.rows.append({"target": name, "value": value, "interval": interval, "op": ">=", "bound": bound,
+                          "ok": ok, "verdict": word})
+        shown = "not measured" if value is None else f"{value:.3f}x"
+        if interval is not None:
+            shown += f" [90% interval {interval[0]:.3f}-{interval[1]:.3f}]"
+        print(f"  {word:5s} {name}: {shown} (target >= {bound:g}x)", flush=True)
 
     def check(self, name: str, value: float | None, op: str, bound: float, unit: str = "") -> None:
         ok = None if value is None else (value >= bound if op == ">=" else value <= bound)

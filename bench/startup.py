@@ -399,8 +399,14 @@ def report(record: C.Record, configs: list[str]) -> None:
     targets.check("rlgen fast_start, fresh kernel: seconds from Engine( to the first token", fresh.get("first_token_s"),
                   "<=", 25.0, " s")
     targets.check("rlgen defaults: % of GPU memory held", dflt.get("gpu_held_pct"), "<=", 25.0, " %")
-    targets.check("rlgen defaults: throughput / sglang defaults (side by side)",
-                  C.ratio(med.get("rlgen-defaults rlgen"), med.get("sglang-defaults raw")), ">=", 0.90, "x")
+    tok_s = {name: [r["tok_s"] for r in (res or {}).get("runs", [])] for name, res in results.items()}
+    ours, base = tok_s.get("rlgen-defaults rlgen", []), tok_s.get("sglang-defaults raw", [])
+    targets.check_interval("rlgen defaults: throughput / sglang defaults (side by side)",
+                           C.ratio(med.get("rlgen-defaults rlgen"), med.get("sglang-defaults raw")),
+                           C.bootstrap_ratio(ours, base), 0.90)
+    p = C.rank_test_p(ours, base)
+    if p is not None:
+        print(f"        (two-sided rank test of the runs: p = {p:.3f})", flush=True)
     record["targets"] = targets.rows
 
 
@@ -443,7 +449,14 @@ def main() -> None:
                     help="also time fast_start from a new Python process, client imports included (default on)")
     ap.add_argument("--side-by-side", action=argparse.BooleanOptionalAction, default=True,
                     help="after the starts, SGLang's defaults beside rlgen's, interleaved on workload a (default on)")
+    ap.add_argument("--report-only", metavar="JSON", default=None,
+                    help="measure nothing: print the report of a saved run again (and write it, re-analysed, to --out)")
     args = ap.parse_args()
+    if args.report_only:
+        record = C.Record.load(args.report_only, out=args.out)
+        report(record, [r["config"] for r in record["runs"]])
+        record.save(complete=True)
+        return
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not configs or set(configs) - set(CONFIGS):
         ap.error(f"--configs takes a comma-separated subset of {','.join(CONFIGS)}")
