@@ -503,6 +503,7 @@ def run_interleaved(
     repeats: int,
     warmup: Workload | None = None,
     before_each: Callable[[], Any] | None = None,
+    after_each: Callable[[dict[str, dict[str, Any]]], Any] | None = None,
     label: str = "",
 ) -> dict[str, dict[str, Any]]:
     """Time each method on `wl`: one warm-up each, then `repeats` rounds in rotated order.
@@ -511,7 +512,8 @@ def run_interleaved(
     time); a run records seconds, tokens, tokens/s and, where the server said, server_s and
     outside_s (seconds - server_s).
     A method that raises is recorded (error + traceback) and skipped from then on. Returns per
-    method: runs, warmup, error, median_tok_s, median_s.
+    method: runs, warmup, error, median_tok_s, median_s. `after_each(partial)` gets the results so
+    far after every timed run (to save them: a long run cut by a time limit keeps what it did).
     """
     names = list(methods)
     out: dict[str, dict[str, Any]] = {name: {"runs": [], "warmup": None, "error": None} for name in names}
@@ -551,6 +553,8 @@ def run_interleaved(
                 out[name]["runs"].append({**run, "repeat": r})
                 log(f"  {label}{name:14s} repeat {r + 1}/{repeats}: {run['tok_s']:12,.0f} tok/s "
                     f"({run['tokens']} tokens in {run['seconds']:.2f} s)")
+                if after_each is not None:
+                    after_each(out)
     for result in out.values():
         runs = result["runs"]
         result["median_tok_s"] = statistics.median(x["tok_s"] for x in runs) if runs else None
@@ -695,7 +699,7 @@ class Targets:
         """`value >= bound`, judged on its interval: PASS if all of it is at or above the bound, FAIL if
         all of it is below, NOISE if it straddles the bound (the runs cannot tell)."""
         if value is None or interval is None:
-            ok, word = None, "n/a"
+            ok, word = None, "n/a"  # not measured, or too few runs for an interval
         else:
             lo, hi = interval
             ok = True if lo >= bound else (False if hi < bound else None)

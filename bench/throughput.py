@@ -76,7 +76,7 @@ OFFLINE = "sglang.Engine"
 METHODS = (*HTTP_METHODS, OFFLINE)
 WARMUP_PROMPTS = 64
 # a's runs take about 1 s, a5's 3 s, c's 1-2 s, b's 10-20 s, t5's about 90 s (1M tokens)
-REPEATS = {"a": 11, "a0": 5, "a5": 7, "b": 3, "c": 7, "t5": 2}
+REPEATS = {"a": 11, "a0": 5, "a5": 7, "b": 3, "c": 7, "t5": 1}
 WORKLOAD_METHODS = {"t5": ("raw-chunked", "rlgen")}  # a workload not listed runs every method
 ALL_WORKLOADS = ("a", "a0", "a5", "b", "c", "t5")
 
@@ -177,6 +177,7 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                 chosen = {k: v for k, v in methods.items() if k in WORKLOAD_METHODS.get(wl.name, METHODS)}
                 record["results"][wl.name] = C.run_interleaved(
                     chosen, wl, repeats=repeats, warmup=wl.head(WARMUP_PROMPTS), before_each=flush_all,
+                    after_each=lambda partial, name=wl.name: (record["results"].__setitem__(name, partial), record.save()),
                     label=f"{wl.name}/")
                 record.save()
             if args.profile_s > 0:
@@ -268,7 +269,9 @@ def compare(per_method: dict[str, Any], ours: str, theirs: list[str]) -> dict[st
     x, y = runs_of(per_method, [ours], "tok_s"), runs_of(per_method, theirs, "tok_s")
     out: dict[str, Any] = {"ours": ours, "theirs": theirs, "runs": [len(x), len(y)],
                            "ratio": C.ratio(C.median_or_none(x), C.median_or_none(y)),
-                           "interval": C.bootstrap_ratio(x, y), "p": C.rank_test_p(x, y)}
+                           # fewer than 3 runs a side: no interval to judge on
+                           "interval": C.bootstrap_ratio(x, y) if min(len(x), len(y)) >= 3 else None,
+                           "p": C.rank_test_p(x, y)}
     xs, ys = runs_of(per_method, [ours], "server_s"), runs_of(per_method, theirs, "server_s")
     if xs and ys:
         wall_y = C.median_or_none(runs_of(per_method, theirs, "seconds"))
@@ -290,8 +293,8 @@ def report(record: C.Record) -> None:
         print("nothing was measured", flush=True)
         return
 
-    def med(name: str, method: str, key: str = "median_tok_s") -> float | None:
-        return (results[name].get(method) or {}).get(key)
+    def med(name: str, method: str) -> float | None:  # from the runs: a run cut short has no medians yet
+        return C.median_or_none(runs_of(results[name], [method], "tok_s"))
 
     methods = list(METHODS)
     speed_rows, ratio_rows, ratios = [], [], {}
