@@ -13,7 +13,7 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
 - the clients that compete with rlgen on the same server (`RawClient`: aiohttp + orjson, one
   batched request, chunked requests, or one request per prompt) and rlgen's own call;
 - `run_interleaved`: warm up each method once, then every repeat runs every method once in a
-  rotated order, with a cache flush and a GC collection before each timed run; a failing method is
+  shuffled order, with a cache flush and a GC collection before each timed run; a failing method is
   recorded and dropped while the others go on; medians of generated tokens/s;
 - `nvidia-smi` readings (memory used / total, per-process view) and plain-text tables.
 
@@ -506,7 +506,7 @@ def run_interleaved(
     after_each: Callable[[dict[str, dict[str, Any]]], Any] | None = None,
     label: str = "",
 ) -> dict[str, dict[str, Any]]:
-    """Time each method on `wl`: one warm-up each, then `repeats` rounds in rotated order.
+    """Time each method on `wl`: one warm-up each, then `repeats` rounds, each in a shuffled order.
 
     Each method returns the number of generated tokens, or a `Served` (tokens and the server's own
     time); a run records seconds, tokens, tokens/s and, where the server said, server_s and
@@ -546,11 +546,17 @@ def run_interleaved(
         out[name]["warmup"] = attempt(name, warmup or wl, "warm-up")
     warmed = [f"{name} {w['seconds']:.2f} s" for name, w in ((n, out[n]["warmup"]) for n in names) if w]
     log(f"  {label}warmed up ({(warmup or wl).n_samples} samples): {', '.join(warmed) or 'none'}")
+    order_rng = random.Random(0)
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        # A fresh shuffle each round: a rotation would put every method after the same neighbour
+        # in every round, and whatever a method leaves behind (server state, garbage) would then
+        # always land on the same next method.
+        order = names[:]
+        order_rng.shuffle(order)
+        for position, name in enumerate(order):
             run = attempt(name, wl, f"repeat {r + 1}")
             if run is not None:
-                out[name]["runs"].append({**run, "repeat": r})
+                out[name]["runs"].append({**run, "repeat": r, "after": order[position - 1] if position else None})
                 log(f"  {label}{name:14s} repeat {r + 1}/{repeats}: {run['tok_s']:12,.0f} tok/s "
                     f"({run['tokens']} tokens in {run['seconds']:.2f} s)")
                 if after_each is not None:

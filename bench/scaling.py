@@ -9,7 +9,7 @@ Not a test. Two parts:
        raw     every prompt in ONE POST /generate (aiohttp + orjson; same flags as rlgen)
        rlgen   eng.generate(...) then res.df and res.tensors()
 
-   warmed up once (on up to 64 prompts), then interleaved in rotated order, a prefix-cache flush
+   warmed up once (on up to 64 prompts), then interleaved in a shuffled order, a prefix-cache flush
    before each run, median of 3 (fewer for a size whose runs would not fit in --budget-s, judged
    from the tokens/s of the size before: the repeats used are recorded and printed).
 

@@ -15,7 +15,7 @@ pool of the same share of the GPU), so that both are up at once. Then, for each 
 
 Every method sends identical input_ids and the sampling flags rlgen sends (logprobs on: rlgen's
 default). Methods are warmed up once (on the first 64 prompts), then interleaved: each repeat
-runs every method once, in a rotated order, after a prefix-cache flush of both servers. Running
+runs every method once, in a shuffled order, after a prefix-cache flush of both servers. Running
 sglang.Engine beside the server, interleaved, matters on a shared machine: its speed drifts by
 tens of percent within minutes (seen on the H200, 2026-11-30), which a phase-after-phase
 comparison would read as a difference between methods.
@@ -167,6 +167,12 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                 llm.flush_cache()  # type: ignore[attr-defined]
 
         with C.RawClient(eng.url) as raw:
+            # Importing sglang installs uvloop's loop policy, so the raw client's loop (made after
+            # it) is uvloop and rlgen's (made before) asyncio's; against a server that waits 0.55 s
+            # and answers 256 x 128 tokens the two raw loops took 562 and 564 ms (CPU machine).
+            from rlgen import _loop
+
+            record["event_loops"] = {"raw": type(raw._loop).__name__, "rlgen": type(_loop.get_loop()).__name__}
             methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl)}
             if llm is not None:
                 methods[OFFLINE] = offline_generate(llm)
