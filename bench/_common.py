@@ -73,6 +73,29 @@ def base_parser(doc: str | None, *, repeats: int = 3) -> argparse.ArgumentParser
     return ap
 
 
+def subset(ap: argparse.ArgumentParser, flag: str, text: str, allowed: Sequence[str]) -> list[str]:
+    """The comma-separated names of `text`, each one of `allowed` (else a usage error naming `flag`)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or set(names) - set(allowed):
+        ap.error(f"{flag} takes a comma-separated subset of {','.join(allowed)}")
+    return names
+
+
+def add_report_only(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--report-only", metavar="JSON", default=None,
+                    help="measure nothing: print the report of a saved run again (and write it, re-analysed, to --out)")
+
+
+def reported_again(args: argparse.Namespace, report: Callable[[Record], None]) -> bool:
+    """With --report-only: `report` the saved run again and write it to --out. True if it did."""
+    if not args.report_only:
+        return False
+    record = Record.load(args.report_only, out=args.out)
+    report(record)
+    record.save(complete=True)
+    return True
+
+
 def repeats_of(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         return args.repeats

@@ -449,17 +449,11 @@ def main() -> None:
                     help="also time fast_start from a new Python process, client imports included (default on)")
     ap.add_argument("--side-by-side", action=argparse.BooleanOptionalAction, default=True,
                     help="after the starts, SGLang's defaults beside rlgen's, interleaved on workload a (default on)")
-    ap.add_argument("--report-only", metavar="JSON", default=None,
-                    help="measure nothing: print the report of a saved run again (and write it, re-analysed, to --out)")
+    C.add_report_only(ap)
     args = ap.parse_args()
-    if args.report_only:
-        record = C.Record.load(args.report_only, out=args.out)
-        report(record, [r["config"] for r in record["runs"]])
-        record.save(complete=True)
+    if C.reported_again(args, lambda record: report(record, [r["config"] for r in record["runs"]])):
         return
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if not configs or set(configs) - set(CONFIGS):
-        ap.error(f"--configs takes a comma-separated subset of {','.join(CONFIGS)}")
+    configs = C.subset(ap, "--configs", args.configs, CONFIGS)
 
     C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
     model = C.model_path(args.model)

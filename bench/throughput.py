@@ -417,17 +417,11 @@ def main() -> None:
     ap.add_argument("--skip-offline", action="store_true", help="skip sglang.Engine")
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="after the timings, py-spy each side for this many seconds on the first workload (0: off)")
-    ap.add_argument("--report-only", metavar="JSON", default=None,
-                    help="measure nothing: print the report of a saved run again (and write it, re-analysed, to --out)")
+    C.add_report_only(ap)
     args = ap.parse_args()
-    if args.report_only:
-        record = C.Record.load(args.report_only, out=args.out)
-        report(record)
-        record.save(complete=True)
+    if C.reported_again(args, report):
         return
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if not names or set(names) - set(ALL_WORKLOADS):
-        ap.error(f"--workloads takes a comma-separated subset of {','.join(ALL_WORKLOADS)}")
+    names = C.subset(ap, "--workloads", args.workloads, ALL_WORKLOADS)
 
     C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
     model = C.model_path(args.model)
