@@ -1,0 +1,82 @@
+"""bench/_common.py and bench/throughput.py's judging: the statistics and the bookkeeping the GPU
+verdicts rest on (the benchmarks themselves need a GPU and are not tests)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import _common as C  # noqa: E402
+import throughput  # noqa: E402
+
+
+def test_the_rank_test_agrees_with_scipys_asymptotic_mann_whitney() -> None:
+    # scipy.stats.mannwhitneyu([1..5], [6..10], method="asymptotic").pvalue == 0.012185780355344813
+    assert C.rank_test_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.0121857803553448)
+    assert C.rank_test_p([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == pytest.approx(0.0121857803553448)
+
+
+def test_the_rank_test_finds_nothing_between_identical_samples_and_needs_both_sides() -> None:
+    assert C.rank_test_p([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
+    assert C.rank_test_p([2.0, 2.0, 2.0], [2.0, 2.0]) == 1.0  # all tied: no variance, no evidence
+    assert C.rank_test_p([], [1.0]) is None
+
+
+def test_the_bootstrap_interval_holds_the_ratio_of_medians_and_is_reproducible() -> None:
+    num, den = [1.0, 1.1, 0.9, 1.05, 0.95], [2.0, 2.1, 1.9, 2.05, 1.95]
+    lo, hi = C.bootstrap_ratio(num, den)
+    assert lo <= statistics.median(num) / statistics.median(den) <= hi
+    assert 0.4 < lo < hi < 0.6
+    assert C.bootstrap_ratio(num, den) == (lo, hi)
+    assert C.bootstrap_ratio([], den) is None
+
+
+@pytest.mark.parametrize("interval, verdict", [
+    ((0.96, 1.10), "PASS"), ((0.80, 0.94), "FAIL"), ((0.90, 1.00), "NOISE"), (None, "n/a"),
+])
+def test_an_interval_target_passes_fails_or_is_called_noise(interval, verdict, capsys) -> None:
+    targets = C.Targets()
+    targets.check_interval("x", 0.97, interval, 0.95)
+    assert targets.rows[0]["verdict"] == verdict
+    assert capsys.readouterr().out.split()[0] == verdict
+
+
+@pytest.mark.parametrize("summary, same", [
+    ({"n": 1, "prompts": 256}, ["raw-chunked", "raw-chunked-n", "raw-1req"]),
+    ({"n": 1, "prompts": 512}, ["raw-chunked", "raw-chunked-n"]),    # raw-1req: one request of 512
+    ({"n": 4, "prompts": 1024}, ["raw-chunked"]),                     # raw-chunked-n: SGLang's own n
+])
+def test_only_raw_methods_that_send_rlgens_own_requests_are_pooled(summary, same) -> None:
+    assert throughput.identical_raw(summary) == same
+
+
+def test_interleaved_runs_record_the_servers_time_the_order_and_every_run_as_it_ends() -> None:
+    wl = C.token_workload("t", 2, 4, 3)
+    methods = {
+        "with-server-time": lambda w: C.Served(tokens=6, server_s=0.0),
+        "tokens-only": lambda w: 6,
+        "third": lambda w: C.Served(tokens=6),
+    }
+    saved: list[int] = []
+    out = C.run_interleaved(methods, wl, repeats=4, after_each=lambda partial: saved.append(
+        sum(len(r["runs"]) for r in partial.values())))
+    assert saved == list(range(1, 13))
+    timed = out["with-server-time"]["runs"]
+    assert all(r["server_s"] == 0.0 and r["outside_s"] == r["seconds"] for r in timed)
+    assert all("server_s" not in r for name in ("tokens-only", "third") for r in out[name]["runs"])
+    orders = [[name for name in methods for r in out[name]["runs"] if r["repeat"] == k] for k in range(4)]
+    assert all(sorted(o) == sorted(methods) for o in orders)  # every method once per round
+    firsts = {name for name in methods for r in out[name]["runs"] if r["after"] is None}
+    assert len(firsts) > 1  # shuffled, so not always the same method first
+
+
+def test_a_server_time_is_the_longest_samples_and_missing_latencies_are_skipped() -> None:
+    entries = [{"meta_info": {"completion_tokens": 3, "e2e_latency": 0.5}},
+               {"meta_info": {"completion_tokens": 4, "e2e_latency": 0.7}},
+               {"meta_info": {"completion_tokens": 1}}]
+    assert C.served(entries) == C.Served(tokens=8, server_s=0.7)
+    assert C.server_span([float("nan"), None]) is None
