@@ -67,7 +67,7 @@ from typing import Any, Callable
 import _common as C
 
 # (prompts, prompt tokens, new tokens) per workload, full and --quick.
-SIZES = {
+SIZES: dict[str, dict[str, Any]] = {
     "full": {"a": (256, 64, 128), "b": (1024, 64, 64), "b_n": 4, "c": (512, 128), "t5": (4096, 32, 256)},
     "quick": {"a": (4, 8, 4), "b": (4, 8, 4), "b_n": 2, "c": (4, 8), "t5": (8, 8, 4)},
 }
@@ -88,7 +88,7 @@ def build_workloads(names: list[str], model: str, quick: bool) -> list[C.Workloa
         "a0": lambda: C.token_workload("a0", *s["a"], logprobs=False, seed=1),
         "a5": lambda: C.token_workload("a5", *s["a"], top_logprobs=5, seed=1),
         "b": lambda: C.token_workload("b", *s["b"], n=s["b_n"], seed=2),
-        "c": lambda: C.chat_workload("c", *s["c"], model, seed=3),
+        "c": lambda: C.chat_workload("c", s["c"][0], s["c"][1], model, seed=3),
         "t5": lambda: C.token_workload("t5", *s["t5"], top_logprobs=5, seed=4),
     }
     return [makers[name]() for name in names]
@@ -177,13 +177,19 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
             if llm is not None:
                 methods[OFFLINE] = offline_generate(llm)
             methods = {name: methods[name] for name in METHODS if name in methods}
+            def keep(name: str) -> Callable[[dict[str, Any]], None]:
+                def save(partial: dict[str, Any]) -> None:  # after every run: a cut-off call keeps its runs
+                    record["results"][name] = partial
+                    record.save()
+                return save
+
             for wl in workloads:
                 C.log(f"workload {wl.name}: {wl.describe}")
                 repeats = args.repeats or (min(2, REPEATS[wl.name]) if args.quick else REPEATS[wl.name])
                 chosen = {k: v for k, v in methods.items() if k in WORKLOAD_METHODS.get(wl.name, METHODS)}
                 record["results"][wl.name] = C.run_interleaved(
                     chosen, wl, repeats=repeats, warmup=wl.head(WARMUP_PROMPTS), before_each=flush_all,
-                    after_each=lambda partial, name=wl.name: (record["results"].__setitem__(name, partial), record.save()),
+                    after_each=keep(wl.name),
                     label=f"{wl.name}/")
                 record.save()
             if args.profile_s > 0:
@@ -331,7 +337,7 @@ def report(record: C.Record) -> None:
         for method in methods:
             runs = (results[name].get(method) or {}).get("runs") or []
             if any(r.get("server_s") is not None for r in runs):
-                time_rows.append([name, method, len(runs), *(C.fmt(C.median_or_none([r.get(k) for r in runs]), ".3f")
+                time_rows.append([name, method, str(len(runs)), *(C.fmt(C.median_or_none([r.get(k) for r in runs]), ".3f")
                                                          for k in ("seconds", "server_s", "outside_s"))])
     if time_rows:
         C.print_table("where a call's time goes, medians in s (server: the longest sample's e2e_latency; outside: "
@@ -371,20 +377,20 @@ def report(record: C.Record) -> None:
     print("\ntargets", flush=True)
     targets = C.Targets()
     for name in names:
-        c = comparisons[name].get("identical raw")
-        if c is None:
+        same = comparisons[name].get("identical raw")
+        if same is None:
             continue
-        targets.check_interval(f"{name}: rlgen / identical raw requests", c["ratio"], c["interval"], 0.95)
-        if c.get("ratio_from_outside") is not None:
+        targets.check_interval(f"{name}: rlgen / identical raw requests", same["ratio"], same["interval"], 0.95)
+        if same.get("ratio_from_outside") is not None:
             targets.check(f"{name}: rlgen / identical raw, from the time outside the server",
-                          c["ratio_from_outside"], ">=", 0.95, "x")
-    if "per-request" in comparisons.get("a", {}):
-        c = comparisons["a"]["per-request"]
-        targets.check_interval("a: rlgen / per-request", c["ratio"], c["interval"], 2.5)
+                          same["ratio_from_outside"], ">=", 0.95, "x")
+    per_request = comparisons.get("a", {}).get("per-request")
+    if per_request is not None:
+        targets.check_interval("a: rlgen / per-request", per_request["ratio"], per_request["interval"], 2.5)
     for name in names:
-        c = comparisons[name].get(OFFLINE)
-        if c is not None:
-            targets.check_interval(f"{name}: rlgen / sglang.Engine", c["ratio"], c["interval"], 1.0)
+        offline = comparisons[name].get(OFFLINE)
+        if offline is not None:
+            targets.check_interval(f"{name}: rlgen / sglang.Engine", offline["ratio"], offline["interval"], 1.0)
     if "t5" in results:
         runs = results["t5"].get("rlgen", {}).get("runs") or []
         share = C.median_or_none([100 * r["outside_s"] / r["server_s"] for r in runs if r.get("server_s")])
