@@ -11,7 +11,9 @@ Not a test. Two parts:
 
    warmed up once (on up to 64 prompts), then interleaved in a shuffled order, a prefix-cache flush
    before each run, median of 3 (fewer for a size whose runs would not fit in --budget-s, judged
-   from the tokens/s of the size before: the repeats used are recorded and printed).
+   from the tokens/s of the size before: the repeats used are recorded and printed). Each run
+   also records the server's own time (the longest sample's e2e_latency), so the report splits
+   every call at the server: what rlgen adds outside it, measured on real answers.
 
 2. CPU only: the client-side cost of a result of each size, from synthetic /generate bodies
    (bench/client_overhead.py's `make_body`: SGLang's shape, per-token logprobs, 128 tokens per
@@ -103,6 +105,22 @@ def report(record: C.Record) -> None:
     C.print_table("generated tokens/s vs batch size, medians (raw and rlgen interleaved on one server)",
                   ["batch", "samples", "raw tok/s", "rlgen tok/s", "rlgen/raw", "rlgen s", "client ms",
                    "client % of rlgen", "repeats", "error"], rows)
+    outside_rows = []
+    for size, entry in record["gpu"].items():
+        runs = {name: entry["methods"][name]["runs"] for name in ("raw", "rlgen")}
+        if not any(r.get("outside_s") is not None for rs in runs.values() for r in rs):
+            continue  # a run from before the server's time was recorded
+        med = {(name, key): C.median_or_none([r.get(key) for r in rs])
+               for name, rs in runs.items() for key in ("server_s", "outside_s")}
+        raw_out, our_out = med["raw", "outside_s"], med["rlgen", "outside_s"]
+        extra = our_out - raw_out if raw_out is not None and our_out is not None else None
+        columns = (med["raw", "server_s"], med["rlgen", "server_s"], raw_out, our_out, extra)
+        outside_rows.append([size, *(C.fmt(None if v is None else 1e3 * v, ".1f") for v in columns)])
+    if outside_rows:
+        C.print_table("the same runs split at the server (medians, ms; server: the longest sample's e2e_latency; "
+                      "outside: the rest of the call - request, transport, the answer's JSON, the client's work)",
+                      ["batch", "raw server", "rlgen server", "raw outside", "rlgen outside", "rlgen extra"],
+                      outside_rows)
     C.print_table(f"client-side cost of one result (synthetic bodies, CPU only; median of {CLIENT_REPEATS})",
                   ["samples", "tokens", "body MB", "parse ms", "build+df ms", "tensors ms", "free ms", "total ms", "us/token"],
                   [[size, int(c["tokens"]), C.fmt(c["body_mb"], ".1f"),
