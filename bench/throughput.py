@@ -31,8 +31,9 @@ Workloads:
     a0  (optional) workload a with logprobs off, for every method
 
 With --profile-s S (and py-spy on PATH), a last phase samples, for S seconds each, the server's
-processes (`py-spy record --subprocesses`) while raw-1req repeats workload a, then this process
-and its children while sglang.Engine repeats it: where each spends its time. Stacks go next to
+processes (`py-spy record --subprocesses`) while raw-1req repeats workload a, this process alone
+while rlgen repeats it, then this process and its children while sglang.Engine repeats it: where
+each spends its time. Stacks go next to
 --out (<stem>-logs/profiles/); the top frames are printed.
 
 Metric: generated tokens/s = sum(completion_tokens) / wall time of the call; medians of the
@@ -194,9 +195,11 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
                 record.save()
             if args.profile_s > 0:
                 wl = workloads[0]
-                targets = {"http-server": (eng.info["pid"], lambda: methods["raw-1req"](wl))}
+                targets = {"http-server": (eng.info["pid"], True, lambda: methods["raw-1req"](wl)),
+                           # this process alone (not sglang.Engine's children): where rlgen's client time goes
+                           "rlgen-client": (os.getpid(), False, lambda: methods["rlgen"](wl))}
                 if OFFLINE in methods:
-                    targets["sglang-engine"] = (os.getpid(), lambda: methods[OFFLINE](wl))
+                    targets["sglang-engine"] = (os.getpid(), True, lambda: methods[OFFLINE](wl))
                 record["profile"] = profile_phase(targets, args.profile_s, C.logs_dir(args.out, "profiles"))
                 record.save()
     finally:
@@ -209,15 +212,17 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
             llm.shutdown()  # type: ignore[attr-defined]
 
 
-def profile_phase(targets: dict[str, tuple[int, Callable[[], Any]]], seconds: float, out_dir: Path) -> dict[str, Any]:
-    """py-spy on each target's pid (and its children) for `seconds` while `work()` repeats."""
+def profile_phase(targets: dict[str, tuple[int, bool, Callable[[], Any]]], seconds: float,
+                  out_dir: Path) -> dict[str, Any]:
+    """py-spy on each target's pid (and its children, if asked) for `seconds` while `work()` repeats."""
     out: dict[str, Any] = {}
     if shutil.which("py-spy") is None:
         return {"skipped": "py-spy not on PATH"}
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, (pid, work) in targets.items():
+    for name, (pid, children, work) in targets.items():
         path = out_dir / f"{name}.txt"
-        spy = subprocess.Popen(["py-spy", "record", "-p", str(pid), "--subprocesses", "--rate", "100", "--format", "raw",
+        spy = subprocess.Popen(["py-spy", "record", "-p", str(pid), *(["--subprocesses"] if children else []),
+                                "--rate", "100", "--format", "raw",
                                 "--duration", str(int(seconds)), "--nonblocking", "-o", str(path)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         C.log(f"profiling {name} (pid {pid}) for {seconds:.0f} s ...")
@@ -239,7 +244,8 @@ def profile_phase(targets: dict[str, tuple[int, Callable[[], Any]]], seconds: fl
 
 def summarise_stacks(path: Path, top: int = 12) -> dict[str, Any]:
     """Samples per process, the leaf frames and the functions (inclusive: on the stack) that hold
-    the most samples, from py-spy's raw format (`process ...;thread ...;frame;...;leaf count`)."""
+    the most samples, from py-spy's raw format (`process ...;frame;...;leaf count` with
+    --subprocesses, `frame;...;leaf count` without)."""
     per_process: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -249,6 +255,8 @@ def summarise_stacks(path: Path, top: int = 12) -> dict[str, Any]:
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
+        if not frames[0].startswith("process "):  # recorded without --subprocesses: one process
+            frames.insert(0, "process (the one profiled)")
         total += int(count)
         per_process[frames[0][:80]] += int(count)
         leaves[frames[-1][:120]] += int(count)
