@@ -15,7 +15,8 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
 - `run_interleaved`: warm up each method once, then every repeat runs every method once in a
   shuffled order, with a cache flush and a GC collection before each timed run; a failing method is
   recorded and dropped while the others go on; medians of generated tokens/s;
-- `nvidia-smi` readings (memory used / total, per-process view) and plain-text tables.
+- `nvidia-smi` readings (memory used / total; per process: `rlgen._engine._gpu_memory_mib`) and
+  plain-text tables.
 
 Runnable scripts import it as `_common` (Python puts the script's directory on sys.path).
 """
@@ -471,10 +472,10 @@ def raise_fd_limit() -> None:
             pass
 
 
-def rlgen_generate(eng: Any, wl: Workload, **options: Any) -> Served:
-    """rlgen as a user calls it, including the DataFrame and the tensors (`options`: e.g. chunk_size)."""
+def rlgen_generate(eng: Any, wl: Workload) -> Served:
+    """rlgen as a user calls it, including the DataFrame and the tensors."""
     res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, top_logprobs=wl.top_logprobs, progress=False,
-                       **wl.options, **options)
+                       **wl.options)
     df = res.df
     tensors = res.tensors()
     if tensors["response_ids"].shape[0] != wl.n_samples:
@@ -671,15 +672,6 @@ def gpu_total_mib() -> int | None:
     """memory.total of the first GPU, the one the server runs on."""
     rows = nvidia_smi("--query-gpu=memory.total")
     return int(rows[0][0]) if rows and rows[0][0].isdigit() else None
-
-
-def compute_apps_mib(pids: Sequence[int]) -> int | None:
-    """GPU memory of these processes per `--query-compute-apps` (None if it lists none of them,
-    e.g. inside a container whose pids nvidia-smi does not see)."""
-    rows = nvidia_smi("--query-compute-apps=pid,used_memory")
-    wanted = set(pids)
-    held = [int(r[1]) for r in rows or [] if len(r) == 2 and r[0].isdigit() and int(r[0]) in wanted and r[1].isdigit()]
-    return sum(held) if held else None
 
 
 def wait_gpu_back(baseline_mib: int | None, *, slack_mib: int = 1024, timeout: float = 60.0) -> float | None:

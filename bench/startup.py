@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+from rlgen._engine import _gpu_memory_mib
 from rlgen._server_log import LogFollower
 
 CONFIGS = ("sglang-defaults", "rlgen-fast_start", "rlgen-defaults")  # rlgen-defaults last: it stays up
@@ -255,7 +256,7 @@ def measure(config: str, args: argparse.Namespace, model: str, log_dir: Path, wo
 def _memory(pids: list[int], before: int | None) -> dict[str, Any]:
     used = C.gpu_used_mib()
     return {"used_mib": used, "delta_mib": used - before if used is not None and before is not None else None,
-            "per_process_mib": C.compute_apps_mib(pids), "pids": pids}
+            "per_process_mib": _gpu_memory_mib(pids), "pids": pids}
 
 
 # ---------------------------------------------------------------------------------------------
