@@ -15,6 +15,8 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
 - `run_interleaved`: warm up each method once, then every repeat runs every method once in a
   shuffled order, with a cache flush and a GC collection before each timed run; a failing method is
   recorded and dropped while the others go on; medians of generated tokens/s;
+- `compare`: one method against others' pooled runs (ratio of medians, 90% bootstrap interval,
+  rank test, and the split at the server), which the scripts' verdicts use;
 - `nvidia-smi` readings (memory used / total; per process: `rlgen._engine._gpu_memory_mib`) and
   plain-text tables.
 
@@ -603,6 +605,32 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 # ---------------------------------------------------------------------------------------------
 # Statistics for a handful of noisy runs (no scipy on the GPU image's path is assumed)
+
+
+def runs_of(per_method: dict[str, Any], names: list[str], key: str) -> list[float]:
+    return [r[key] for name in names for r in (per_method.get(name) or {}).get("runs", []) if r.get(key) is not None]
+
+
+def compare(per_method: dict[str, Any], ours: str, theirs: list[str]) -> dict[str, Any]:
+    """median(ours) / median(theirs) in tokens/s, its 90% bootstrap interval and a rank test; and the
+    same two sides split into the server's time and the time outside it."""
+    x, y = runs_of(per_method, [ours], "tok_s"), runs_of(per_method, theirs, "tok_s")
+    out: dict[str, Any] = {"ours": ours, "theirs": theirs, "runs": [len(x), len(y)],
+                           "ratio": ratio(median_or_none(x), median_or_none(y)),
+                           # fewer than 3 runs a side: no interval to judge on
+                           "interval": bootstrap_ratio(x, y) if min(len(x), len(y)) >= 3 else None,
+                           "p": rank_test_p(x, y)}
+    xs, ys = runs_of(per_method, [ours], "server_s"), runs_of(per_method, theirs, "server_s")
+    if xs and ys:
+        wall_y = median_or_none(runs_of(per_method, theirs, "seconds"))
+        out_x = median_or_none(runs_of(per_method, [ours], "outside_s"))
+        out_y = median_or_none(runs_of(per_method, theirs, "outside_s"))
+        extra = out_x - out_y  # type: ignore[operator]
+        out.update(server_s=[median_or_none(xs), median_or_none(ys)], server_p=rank_test_p(xs, ys),
+                   outside_s=[out_x, out_y], extra_outside_s=extra,
+                   # the same server time, ours spending `extra` more outside it
+                   ratio_from_outside=wall_y / (wall_y + extra) if wall_y else None)  # type: ignore[operator]
+    return out
 
 
 def rank_test_p(x: Sequence[float], y: Sequence[float]) -> float | None:

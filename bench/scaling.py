@@ -107,14 +107,10 @@ def report(record: C.Record) -> None:
                    "client % of rlgen", "repeats", "error"], rows)
     outside_rows = []
     for size, entry in record["gpu"].items():
-        runs = {name: entry["methods"][name]["runs"] for name in ("raw", "rlgen")}
-        if not any(r.get("outside_s") is not None for rs in runs.values() for r in rs):
+        c = C.compare(entry["methods"], "rlgen", ["raw"])
+        if "server_s" not in c:
             continue  # a run from before the server's time was recorded
-        med = {(name, key): C.median_or_none([r.get(key) for r in rs])
-               for name, rs in runs.items() for key in ("server_s", "outside_s")}
-        raw_out, our_out = med["raw", "outside_s"], med["rlgen", "outside_s"]
-        extra = our_out - raw_out if raw_out is not None and our_out is not None else None
-        columns = (med["raw", "server_s"], med["rlgen", "server_s"], raw_out, our_out, extra)
+        columns = (c["server_s"][1], c["server_s"][0], c["outside_s"][1], c["outside_s"][0], c["extra_outside_s"])
         outside_rows.append([size, *(C.fmt(None if v is None else 1e3 * v, ".1f") for v in columns)])
     if outside_rows:
         C.print_table("the same runs split at the server (medians, ms; server: the longest sample's e2e_latency; "

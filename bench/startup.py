@@ -400,14 +400,11 @@ def report(record: C.Record, configs: list[str]) -> None:
     targets.check("rlgen fast_start, fresh kernel: seconds from Engine( to the first token", fresh.get("first_token_s"),
                   "<=", 25.0, " s")
     targets.check("rlgen defaults: % of GPU memory held", dflt.get("gpu_held_pct"), "<=", 25.0, " %")
-    tok_s = {name: [r["tok_s"] for r in (res or {}).get("runs", [])] for name, res in results.items()}
-    ours, base = tok_s.get("rlgen-defaults rlgen", []), tok_s.get("sglang-defaults raw", [])
-    targets.check_interval("rlgen defaults: throughput / sglang defaults (side by side)",
-                           C.ratio(med.get("rlgen-defaults rlgen"), med.get("sglang-defaults raw")),
-                           C.bootstrap_ratio(ours, base), 0.90)
-    p = C.rank_test_p(ours, base)
-    if p is not None:
-        print(f"        (two-sided rank test of the runs: p = {p:.3f})", flush=True)
+    side_cmp = C.compare(results, "rlgen-defaults rlgen", ["sglang-defaults raw"])
+    targets.check_interval("rlgen defaults: throughput / sglang defaults (side by side)", side_cmp["ratio"],
+                           side_cmp["interval"], 0.90)
+    if side_cmp["p"] is not None:
+        print(f"        (two-sided rank test of the runs: p = {side_cmp['p']:.3f})", flush=True)
     record["targets"] = targets.rows
 
 

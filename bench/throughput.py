@@ -279,32 +279,6 @@ def identical_raw(summary: dict[str, Any]) -> list[str]:
     return same
 
 
-def runs_of(per_method: dict[str, Any], names: list[str], key: str) -> list[float]:
-    return [r[key] for name in names for r in (per_method.get(name) or {}).get("runs", []) if r.get(key) is not None]
-
-
-def compare(per_method: dict[str, Any], ours: str, theirs: list[str]) -> dict[str, Any]:
-    """median(ours) / median(theirs) in tokens/s, its 90% bootstrap interval and a rank test; and the
-    same two sides split into the server's time and the time outside it."""
-    x, y = runs_of(per_method, [ours], "tok_s"), runs_of(per_method, theirs, "tok_s")
-    out: dict[str, Any] = {"ours": ours, "theirs": theirs, "runs": [len(x), len(y)],
-                           "ratio": C.ratio(C.median_or_none(x), C.median_or_none(y)),
-                           # fewer than 3 runs a side: no interval to judge on
-                           "interval": C.bootstrap_ratio(x, y) if min(len(x), len(y)) >= 3 else None,
-                           "p": C.rank_test_p(x, y)}
-    xs, ys = runs_of(per_method, [ours], "server_s"), runs_of(per_method, theirs, "server_s")
-    if xs and ys:
-        wall_y = C.median_or_none(runs_of(per_method, theirs, "seconds"))
-        out_x = C.median_or_none(runs_of(per_method, [ours], "outside_s"))
-        out_y = C.median_or_none(runs_of(per_method, theirs, "outside_s"))
-        extra = out_x - out_y  # type: ignore[operator]
-        out.update(server_s=[C.median_or_none(xs), C.median_or_none(ys)], server_p=C.rank_test_p(xs, ys),
-                   outside_s=[out_x, out_y], extra_outside_s=extra,
-                   # the same server time, ours spending `extra` more outside it
-                   ratio_from_outside=wall_y / (wall_y + extra) if wall_y else None)  # type: ignore[operator]
-    return out
-
-
 def report(record: C.Record) -> None:
     results: dict[str, dict[str, Any]] = record["results"]
     summaries: dict[str, dict[str, Any]] = record["workloads"]
@@ -314,7 +288,7 @@ def report(record: C.Record) -> None:
         return
 
     def med(name: str, method: str) -> float | None:  # from the runs: a run cut short has no medians yet
-        return C.median_or_none(runs_of(results[name], [method], "tok_s"))
+        return C.median_or_none(C.runs_of(results[name], [method], "tok_s"))
 
     methods = list(METHODS)
     speed_rows, ratio_rows, ratios = [], [], {}
@@ -359,9 +333,9 @@ def report(record: C.Record) -> None:
         pairs = {"identical raw": identical_raw(summaries[name]), "per-request": ["per-request"], OFFLINE: [OFFLINE]}
         comparisons[name] = {}
         for label, theirs in pairs.items():
-            if not runs_of(per, ["rlgen"], "tok_s") or not runs_of(per, theirs, "tok_s"):
+            if not C.runs_of(per, ["rlgen"], "tok_s") or not C.runs_of(per, theirs, "tok_s"):
                 continue
-            c = comparisons[name][label] = compare(per, "rlgen", theirs)
+            c = comparisons[name][label] = C.compare(per, "rlgen", theirs)
             lo_hi = c["interval"]
             cmp_rows.append([name, f"rlgen / {label}", f"{c['runs'][0]} vs {c['runs'][1]}", C.fmt(c["ratio"], ".3f"),
                              f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}" if lo_hi else "-", C.fmt(c["p"], ".3f"),

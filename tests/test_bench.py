@@ -80,3 +80,18 @@ def test_a_server_time_is_the_longest_samples_and_missing_latencies_are_skipped(
                {"meta_info": {"completion_tokens": 1}}]
     assert C.served(entries) == C.Served(tokens=8, server_s=0.7)
     assert C.server_span([float("nan"), None]) is None
+
+
+def test_compare_pools_their_runs_and_reads_the_extra_time_outside_the_server() -> None:
+    def runs(*walls_outside: tuple[float, float]) -> dict:
+        return {"runs": [{"tok_s": 100 / wall, "seconds": wall, "server_s": wall - out, "outside_s": out}
+                         for wall, out in walls_outside]}
+
+    per = {"ours": runs((1.10, 0.10), (1.20, 0.10), (1.00, 0.10)),
+           "a": runs((1.00, 0.05), (0.90, 0.05)), "b": runs((1.00, 0.05))}
+    c = C.compare(per, "ours", ["a", "b"])
+    assert c["runs"] == [3, 3]
+    assert c["ratio"] == pytest.approx((100 / 1.10) / (100 / 1.00))
+    assert c["extra_outside_s"] == pytest.approx(0.05)
+    assert c["ratio_from_outside"] == pytest.approx(1.00 / 1.05)  # their median wall, plus our extra
+    assert C.compare({"ours": runs((1.0, 0.1))}, "ours", ["a"])["interval"] is None
