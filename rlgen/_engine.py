@@ -193,6 +193,7 @@ class Engine:
     def _connect(self, *, tokenizer: Any) -> None:
         self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error)
         self.tokenizer = _load_tokenizer(tokenizer)
+        self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
         self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
         self.context_length = _context_length(self._server_info, self.tokenizer, self.model_path)
         self._state = EngineState.READY
@@ -404,7 +405,7 @@ class Engine:
                 raise ValueError(f"{sorted(clash)} given both as arguments and in sampling_params; pass each once")
             params.update(sampling_params)
         prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, context_length=self.context_length,
-                                       max_new_tokens=sampling.max_new_tokens)
+                                       max_new_tokens=sampling.max_new_tokens, vocab_size=self._vocab_size)
         job = GenerateJob(
             prompt_ids=prompt_set.ids, sampling=params, n=n, logprobs=bool(logprobs), top_logprobs=top_logprobs,
             stream=bool(stream), chunk_size=chunk_size, max_in_flight=max_in_flight,
@@ -502,7 +503,8 @@ class Engine:
         """
         from ._results import Rollouts
 
-        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, context_length=self.context_length, max_new_tokens=1)
+        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, context_length=self.context_length, max_new_tokens=1,
+                                       vocab_size=self._vocab_size)
         if isinstance(completions, (str, bytes)) or len(completions) != len(prompt_set):
             raise ValueError(f"give one completion per prompt ({len(prompt_set)} prompts)")
         completion_ids = [list(c) if not isinstance(c, str) else self.tokenizer(c, add_special_tokens=False)["input_ids"]

@@ -45,8 +45,12 @@ def _kind_of(item: Any) -> str:
     )
 
 
-def normalize_prompts(prompts: Any, *, tokenizer: Any, context_length: int | None, max_new_tokens: int) -> Prompts:
+def normalize_prompts(prompts: Any, *, tokenizer: Any, context_length: int | None, max_new_tokens: int,
+                      vocab_size: int | None = None) -> Prompts:
     """Turn the user's `prompts` into token ids, checking them on the way.
+
+    `vocab_size` is `len(tokenizer)`, which the caller should compute once: on some `tokenizers`
+    versions it rebuilds the vocabulary (17 ms a call for SmolLM2, py-spy on the H200, 2026-11-30).
 
     Raises:
         TypeError: a prompt of an unreadable type, or a mix of prompt forms.
@@ -88,7 +92,7 @@ def normalize_prompts(prompts: Any, *, tokenizer: Any, context_length: int | Non
         texts = [None] * len(ids)
 
     # 3) Check what the server would reject, naming the prompt.
-    vocab = len(tokenizer)
+    vocab = len(tokenizer) if vocab_size is None else vocab_size
     for i, row in enumerate(ids):
         if not row:
             raise ValueError(f"prompt {i} has no tokens")
