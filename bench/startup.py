@@ -405,6 +405,16 @@ def report(record: C.Record, configs: list[str]) -> None:
                            side_cmp["interval"], 0.90)
     if side_cmp["p"] is not None:
         print(f"        (two-sided rank test of the runs: p = {side_cmp['p']:.3f})", flush=True)
+    # The same target with the client taken out: identical raw requests to both servers, so the
+    # ratio is the memory setting's alone (rlgen's client is judged on its own in throughput.py).
+    server_cmp = C.compare(results, "rlgen-defaults raw", ["sglang-defaults raw"])
+    targets.check_interval("rlgen defaults' server / sglang defaults' server, identical raw requests",
+                           server_cmp["ratio"], server_cmp["interval"], 0.90)
+    if side_cmp.get("extra_outside_s") is not None:
+        print(f"        (rlgen's client on its server: {side_cmp['extra_outside_s'] * 1e3:.1f} ms more outside the "
+              f"server than the raw request; server times {C.fmt(side_cmp['server_s'][0], '.3f')} vs "
+              f"{C.fmt(side_cmp['server_s'][1], '.3f')} s, rank test p = {C.fmt(side_cmp['server_p'], '.3f')})",
+              flush=True)
     record["targets"] = targets.rows
 
 
