@@ -46,12 +46,23 @@ def test_chats_are_rendered_with_the_chat_template(tok) -> None:
     (["a", [1, 2]], TypeError, "mix forms"),
     (42, TypeError, "string or a list"),
     ([3.5], TypeError, "cannot read a prompt"),
+    ([[1, True, 3]], TypeError, "cannot read a prompt"),     # a bool is not a token id
+    ([[1, 2.0, 3]], TypeError, "cannot read a prompt"),
     ([[]], ValueError, "empty"),
     ([{"content": "no role"}], TypeError, "'role' and 'content'"),
 ])
 def test_bad_prompts_raise_before_anything_is_sent(tok, prompts, error, match) -> None:
     with pytest.raises(error, match=match):
         norm(prompts, tok)
+
+
+def test_token_ids_may_be_int_subclasses(tok) -> None:
+    import enum
+
+    class Tok(enum.IntEnum):
+        A = 5
+
+    assert norm([[Tok.A, 7]], tok).ids == [[5, 7]]
 
 
 def test_token_ids_outside_the_vocabulary_name_the_prompt(tok) -> None:
