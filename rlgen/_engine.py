@@ -404,8 +404,8 @@ class Engine:
             if clash:
                 raise ValueError(f"{sorted(clash)} given both as arguments and in sampling_params; pass each once")
             params.update(sampling_params)
-        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, context_length=self.context_length,
-                                       max_new_tokens=sampling.max_new_tokens, vocab_size=self._vocab_size)
+        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self._vocab_size,
+                                       context_length=self.context_length, max_new_tokens=sampling.max_new_tokens)
         job = GenerateJob(
             prompt_ids=prompt_set.ids, sampling=params, n=n, logprobs=bool(logprobs), top_logprobs=top_logprobs,
             stream=bool(stream), chunk_size=chunk_size, max_in_flight=max_in_flight,
@@ -503,8 +503,8 @@ class Engine:
         """
         from ._results import Rollouts
 
-        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, context_length=self.context_length, max_new_tokens=1,
-                                       vocab_size=self._vocab_size)
+        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self._vocab_size,
+                                       context_length=self.context_length, max_new_tokens=1)
         if isinstance(completions, (str, bytes)) or len(completions) != len(prompt_set):
             raise ValueError(f"give one completion per prompt ({len(prompt_set)} prompts)")
         completion_ids = [list(c) if not isinstance(c, str) else self.tokenizer(c, add_special_tokens=False)["input_ids"]

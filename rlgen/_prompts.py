@@ -47,12 +47,12 @@ def _kind_of(item: Any) -> str:
     )
 
 
-def normalize_prompts(prompts: Any, *, tokenizer: Any, context_length: int | None, max_new_tokens: int,
-                      vocab_size: int | None = None) -> Prompts:
+def normalize_prompts(prompts: Any, *, tokenizer: Any, vocab_size: int, context_length: int | None,
+                      max_new_tokens: int) -> Prompts:
     """Turn the user's `prompts` into token ids, checking them on the way.
 
-    `vocab_size` is `len(tokenizer)`, which the caller should compute once: on some `tokenizers`
-    versions it rebuilds the vocabulary (17 ms a call for SmolLM2, py-spy on the H200, 2026-11-30).
+    `vocab_size` is `len(tokenizer)`, computed once by the caller: on some `tokenizers` versions
+    len() rebuilds the vocabulary (17 ms a call for SmolLM2, py-spy on the H200, 2026-11-30).
 
     Raises:
         TypeError: a prompt of an unreadable type, or a mix of prompt forms.
@@ -94,14 +94,13 @@ def normalize_prompts(prompts: Any, *, tokenizer: Any, context_length: int | Non
         texts = [None] * len(ids)
 
     # 3) Check what the server would reject, naming the prompt.
-    vocab = len(tokenizer) if vocab_size is None else vocab_size
     for i, row in enumerate(ids):
         if not row:
             raise ValueError(f"prompt {i} has no tokens")
         if kind == "ids":
             low, high = min(row), max(row)
-            if low < 0 or high >= vocab:
-                raise ValueError(f"prompt {i} has token id {high if high >= vocab else low} outside the vocabulary [0, {vocab})")
+            if low < 0 or high >= vocab_size:
+                raise ValueError(f"prompt {i} has token id {high if high >= vocab_size else low} outside the vocabulary [0, {vocab_size})")
         if context_length is not None and len(row) + max_new_tokens > context_length:
             raise ValueError(
                 f"prompt {i} has {len(row)} tokens; with max_new_tokens={max_new_tokens} that exceeds the "

@@ -15,7 +15,7 @@ def tok(model_path: str):
 
 
 def norm(prompts, tok, *, context=8192, max_new=16):
-    return normalize_prompts(prompts, tokenizer=tok, context_length=context, max_new_tokens=max_new)
+    return normalize_prompts(prompts, tokenizer=tok, vocab_size=len(tok), context_length=context, max_new_tokens=max_new)
 
 
 def test_a_string_is_one_text_prompt_tokenized_like_the_server_does(tok) -> None:
