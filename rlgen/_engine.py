@@ -382,11 +382,9 @@ class Engine:
         check_unknown_options(unknown, known=[*SAMPLING_NAMES, *_GENERIC_DEFAULTS, "progress"])
         n, logprobs, top_logprobs, stream = generic["n"], generic["logprobs"], generic["top_logprobs"], generic["stream"]
         sampling_params, chunk_size, max_in_flight = generic["sampling_params"], generic["chunk_size"], generic["max_in_flight"]
-        for name, value in (("n", n), ("chunk_size", chunk_size)):
-            if not _is_count(value):
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
-            raise ValueError(f"top_logprobs must be an int >= 0, got {top_logprobs!r}")
+        for name, value, least in (("n", n, 1), ("chunk_size", chunk_size, 1), ("top_logprobs", top_logprobs, 0)):
+            if not _is_count(value, least=least):
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         if max_in_flight is None:
             max_in_flight = chunks_to_fill(_running_capacity(self._server_info), chunk_size, n)
         elif not _is_count(max_in_flight):
@@ -678,8 +676,8 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
 
 
-def _is_count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _is_count(value: Any, *, least: int = 1) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _running_capacity(server_info: dict[str, Any]) -> int | None:

@@ -391,6 +391,8 @@ def test_stream_yields_the_text_as_it_is_generated(engine) -> None:
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"temprature": 0.5}, TypeError, "did you mean 'temperature'"),
     ({"n": 0}, ValueError, "n must be an int >= 1"),
+    ({"top_logprobs": -1}, ValueError, "top_logprobs must be an int >= 0"),
+    ({"chunk_size": True}, ValueError, "chunk_size must be an int >= 1"),
     ({"temperature": -1}, ValueError, "temperature must be >= 0"),
     ({"top_p": 0}, ValueError, "top_p"),
     ({"max_new_tokens": 10_000}, ValueError, "context"),
