@@ -1,0 +1,118 @@
+"""What server to launch: the backend choice and the server command line, with rlgen's defaults.
+
+Owns: choosing between SGLang and the CPU backend, and turning the Engine's options into the argv
+of `python -m sglang.launch_server ...` or `python -m rlgen.cpu_server ...` (notebook-friendly
+memory defaults, decode CUDA graphs up to batch 512, `fast_start`, site-wide flags from
+RLGEN_SGLANG_ARGS, and the user's own `server_args`, which win). Knows nothing about processes,
+ports or HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._errors import EngineError
+
+__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend",
+           "server_argv"]
+
+# Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
+# reserved 69 GB of KV cache for a 135M model on an H200; 0.2 left it ~30 GB in all (measured
+# 2026-11-30), leaving the rest for the notebook's own torch work.
+DEFAULT_GPU_MEMORY_FRACTION = 0.2
+# Largest decode batch SGLang captures a CUDA graph for. SGLang picks 256 on an H200 (80-160 GB)
+# whatever the model; a batch above it decodes eagerly. Measured 2026-11-30 (H200, SGLang 0.5.17,
+# docs/benchmarks.md): 512 chat prompts with natural stops ran at 37k tok/s with graphs to 512
+# against 17k with SGLang's 256, for 1 s more start-up and 0.07 GB more memory. With rlgen's small
+# memory share the graphs' memory is not what limits the batch.
+DEFAULT_DECODE_GRAPH_MAX_BS = 512
+# Flags by which the user or the site has chosen the decode graphs themselves.
+_GRAPH_FLAGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-bs", "--cuda-graph-bs-decode",
+                "--cuda-graph-config", "--disable-cuda-graph", "--disable-decode-cuda-graph")
+# Extra server flags for every SGLang launch, e.g. "--attention-backend triton" on a machine
+# without FA3 kernels. Appended before the user's `server_args`.
+SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
+
+
+def choose_backend(backend: str) -> str:
+    if backend not in ("auto", "sglang", "cpu"):
+        raise ValueError(f"backend must be 'auto', 'sglang' or 'cpu', got {backend!r}")
+    has_sglang = importlib.util.find_spec("sglang") is not None
+    if backend == "sglang":
+        if not has_sglang:
+            raise EngineError("backend='sglang' needs SGLang: pip install 'rlgen[sglang]' (on a CUDA machine)")
+        return "sglang"
+    if backend == "cpu":
+        return "cpu"
+    if has_sglang:
+        import torch
+
+        if torch.cuda.is_available():
+            return "sglang"
+    return "cpu"
+
+
+def server_argv(
+    backend: str,
+    model_path: str,
+    *,
+    gpu_memory_fraction: float,
+    fast_start: bool,
+    enable_memory_saver: bool,
+    enable_metrics: bool,
+    server_args: Mapping[str, Any] | Sequence[str] | None,
+) -> list[str]:
+    """The server command: rlgen's defaults first, then RLGEN_SGLANG_ARGS, then the user's args."""
+    user = _flags(server_args)
+    if backend == "cpu":
+        argv = [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path]
+        if enable_metrics:
+            argv.append("--enable-metrics")
+        return argv + user
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
+    defaults: list[str] = []
+    if not _has_flag(user, "--mem-fraction-static"):
+        defaults += ["--mem-fraction-static", f"{gpu_memory_fraction:g}"]
+    site = shlex.split(os.environ.get(SGLANG_ARGS_ENV, ""))
+    if not any(_has_flag(site + user, flag) for flag in _GRAPH_FLAGS):
+        defaults += ["--cuda-graph-max-bs-decode", str(DEFAULT_DECODE_GRAPH_MAX_BS)]
+    if fast_start:
+        # Measured on an H200 (SGLang 0.5.17, docs/benchmarks.md): prefill-graph capture (6.5 s)
+        # and the warm-up request are the part of a restart that can go; decode graphs (4 s)
+        # stay, because without them decode ran 6x slower (7.9k vs 50k tok/s).
+        defaults += ["--disable-prefill-cuda-graph", "--skip-server-warmup"]
+    if enable_memory_saver:
+        defaults.append("--enable-memory-saver")
+    if enable_metrics:
+        defaults.append("--enable-metrics")
+    return argv + defaults + site + user
+
+
+def _flags(server_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    if server_args is None:
+        return []
+    if isinstance(server_args, Mapping):
+        out: list[str] = []
+        for key, value in server_args.items():
+            flag = "--" + key.replace("_", "-").lstrip("-")
+            if value is True:
+                out.append(flag)
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, (list, tuple)):
+                out += [flag, *map(str, value)]
+            else:
+                out += [flag, str(value)]
+        return out
+    if isinstance(server_args, (str, bytes)) or not all(isinstance(a, str) for a in server_args):
+        raise TypeError("server_args must be a dict or a list of strings, e.g. ['--attention-backend', 'triton']")
+    return list(server_args)
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)

@@ -1,0 +1,72 @@
+"""rlgen._server_command: backend choice and the server command line with rlgen's notebook defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+import rlgen
+from rlgen._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
+
+
+def argv(backend: str = "sglang", **kwargs) -> list[str]:
+    options = dict(gpu_memory_fraction=DEFAULT_GPU_MEMORY_FRACTION, fast_start=False, enable_memory_saver=False,
+                   enable_metrics=False, server_args=None)
+    options.update(kwargs)
+    return server_argv(backend, "/models/m", **options)
+
+
+def test_sglang_defaults_cap_the_gpu_memory_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLGEN_SGLANG_ARGS", raising=False)
+    assert argv() == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/m",
+                      "--mem-fraction-static", "0.2", "--cuda-graph-max-bs-decode", "512"]
+
+
+@pytest.mark.parametrize("where", ["site", "user"])
+@pytest.mark.parametrize("flag", ["--cuda-graph-max-bs", "--cuda-graph-bs-decode", "--disable-cuda-graph"])
+def test_decode_graph_default_gives_way_to_any_graph_flag_of_the_site_or_user(
+        monkeypatch: pytest.MonkeyPatch, where: str, flag: str) -> None:
+    value = [] if flag == "--disable-cuda-graph" else ["64"]
+    monkeypatch.setenv("RLGEN_SGLANG_ARGS", " ".join([flag, *value]) if where == "site" else "")
+    args = argv(server_args=[flag, *value] if where == "user" else None)
+    assert "--cuda-graph-max-bs-decode" not in args
+    assert args[-1 - len(value):] == [flag, *value]
+
+
+def test_fast_start_memory_saver_and_metrics_add_their_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLGEN_SGLANG_ARGS", raising=False)
+    args = argv(fast_start=True, enable_memory_saver=True, enable_metrics=True)
+    assert "--disable-cuda-graph" not in args  # decode graphs stay: decode is ~6x slower without
+    for flag in ("--disable-prefill-cuda-graph", "--skip-server-warmup", "--enable-memory-saver", "--enable-metrics"):
+        assert flag in args
+
+
+def test_site_flags_come_before_the_users_and_the_user_wins_on_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLGEN_SGLANG_ARGS", "--attention-backend triton")
+    args = argv(server_args={"mem_fraction_static": 0.5, "disable_radix_cache": True, "log_level": None})
+    assert "0.2" not in args  # the user's mem_fraction_static replaces rlgen's default
+    assert args[-5:] == ["--attention-backend", "triton", "--mem-fraction-static", "0.5", "--disable-radix-cache"]
+
+
+def test_server_args_as_a_list_pass_through_and_bad_types_say_what_is_expected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLGEN_SGLANG_ARGS", raising=False)
+    assert argv(server_args=["--tp", "2"])[-2:] == ["--tp", "2"]
+    with pytest.raises(TypeError, match="dict or a list of strings"):
+        argv(server_args="--tp 2")
+
+
+def test_the_cpu_backend_runs_rlgens_own_server() -> None:
+    assert argv("cpu", enable_metrics=True)[:5] == [sys.executable, "-m", "rlgen.cpu_server", "--model-path", "/models/m"]
+    assert "--enable-metrics" in argv("cpu", enable_metrics=True)
+
+
+def test_backend_choice_checks_its_argument_and_names_the_extra() -> None:
+    with pytest.raises(ValueError, match="'auto', 'sglang' or 'cpu'"):
+        choose_backend("gpu")
+    assert choose_backend("cpu") == "cpu"
+    if importlib.util.find_spec("sglang") is None:
+        with pytest.raises(rlgen.EngineError, match=r"pip install 'rlgen\[sglang\]'"):
+            choose_backend("sglang")
+        assert choose_backend("auto") == "cpu"
