@@ -5,7 +5,7 @@ per-token logprobs; a second variant adds top-5 logprobs), then times, per repea
 (variants interleaved so drift hits both alike):
 
     parse     orjson.loads(body)                      (the client's job)
-    build     Rollouts.from_responses(...) incl. .df  (flat arrays + per-row DataFrame columns)
+    build     rollouts_from_responses(...) incl. .df  (flat arrays + per-row DataFrame columns)
     tensors   .tensors()                              (padding into torch tensors)
     free      dropping the parsed responses           (and any GC work a pause deferred)
 
@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # run from a checkout
-from rlgen._results import Rollouts  # noqa: E402
+from rlgen._results import rollouts_from_responses  # noqa: E402
 
 
 def make_body(rows: int, tokens: int, n: int, top_k: int, seed: int = 0) -> tuple[bytes, list[list[int]]]:
@@ -80,7 +80,7 @@ def run_variant(body: bytes, prompts: list[list[int]], n: int, gc_paused: bool) 
     t0 = time.perf_counter()
     data = orjson.loads(body)
     t1 = time.perf_counter()
-    res = Rollouts.from_responses(data, prompt_ids=prompts, n=n, pad_token_id=0, model="bench")
+    res = rollouts_from_responses(data, prompt_ids=prompts, n=n, pad_token_id=0, model="bench")
     _ = res.df
     t2 = time.perf_counter()
     tensors = res.tensors()

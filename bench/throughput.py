@@ -103,7 +103,7 @@ def start_offline_engine(model: str, server_argv: list[str]) -> tuple[object, di
     processes' memory as used: beside a server holding share s, the same pool needs s + default.
     """
     import sglang
-    from rlgen._launch import DEFAULT_GPU_MEMORY_FRACTION
+    from rlgen._server_command import DEFAULT_GPU_MEMORY_FRACTION
 
     used, total = C.gpu_used_mib(), C.gpu_total_mib()
     held = used / total if used is not None and total else 0.0

@@ -10,26 +10,60 @@ Usage::
 
 from __future__ import annotations
 
+from ._compare import compare_logprobs
 from ._engine import Engine, EngineState
-from ._errors import *  # noqa: F403
-from ._errors import __all__ as _errors_all
+from ._errors import (
+    EngineClosedError,
+    EngineError,
+    ModelError,
+    RequestError,
+    RequestTimeout,
+    RlgenError,
+    ServerDiedError,
+    ServerRequestError,
+    ServerStartupError,
+    ServerStartupTimeout,
+)
 from ._models import DEFAULT_MODEL, resolve_model
+from ._options import GenerateOptions, SamplingOptions, StreamOptions
 from ._registry import list_servers
-from ._results import Rollouts, compare_logprobs
+from ._results import Rollouts
 from ._server import reap
+from ._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
+from ._version import __version__
 
-__version__ = "0.1.0"
+__all__ = [
+    "DEFAULT_MODEL",
+    "Chat",
+    "ChatMessage",
+    "Engine",
+    "EngineClosedError",
+    "EngineError",
+    "EngineState",
+    "GenerateOptions",
+    "ModelError",
+    "Prompt",
+    "Prompts",
+    "RequestError",
+    "RequestTimeout",
+    "RlgenError",
+    "Rollouts",
+    "SamplingOptions",
+    "ServerDiedError",
+    "ServerRequestError",
+    "ServerStartupError",
+    "ServerStartupTimeout",
+    "StreamOptions",
+    "TokenIds",
+    "__version__",
+    "compare_logprobs",
+    "list_servers",
+    "reap",
+    "resolve_model",
+]
 
-__all__ = sorted([
-    *_errors_all, "DEFAULT_MODEL", "Engine", "EngineState", "Rollouts", "compare_logprobs",
-    "list_servers", "reap", "resolve_model",
-])
-
-# Show public objects as `rlgen.X` in reprs and tracebacks (as httpx does).
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or callable(_obj):
-        try:
-            _obj.__module__ = "rlgen"
-        except (AttributeError, TypeError):
-            pass
+# Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
+for _obj in (Engine, EngineState, Rollouts, compare_logprobs, list_servers, reap, resolve_model, RlgenError,
+             EngineError, ModelError, ServerStartupError, ServerStartupTimeout, ServerDiedError, EngineClosedError,
+             RequestError, ServerRequestError, RequestTimeout):
+    _obj.__module__ = "rlgen"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 
@@ -24,7 +25,7 @@ __all__ = ["Client", "parse_prometheus"]
 # SGLang's HTTP server (uvicorn) closes a keep-alive connection after 5 idle seconds
 # (SGLANG_TIMEOUT_KEEP_ALIVE); aiohttp keeps idle connections for 15 s. A request sent 5-15 s after
 # the last one could go out on a connection the server was closing and fail with "Server
-# disconnected" (seen once in the H200 benchmark, 2026-11-30). So idle connections are dropped
+# disconnected". So idle connections are dropped
 # well before the server drops them, and a request the server dropped before answering is sent
 # once more on a fresh connection.
 KEEPALIVE_S = 2.0
@@ -174,7 +175,7 @@ def _decode(raw: bytes) -> Any:
     if not raw:
         return None
     # A large /generate body is millions of small objects; Python's cyclic GC would walk them
-    # repeatedly while they are created (measured: parse 4-5x slower). They hold no cycles.
+    # repeatedly while they are created, slowing the parse several-fold. They hold no cycles.
     paused = len(raw) > (1 << 20) and gc.isenabled()
     if paused:
         gc.disable()

@@ -3,7 +3,8 @@
 Owns: the comparison over real response positions only (padding never counts; NaN, i.e. "not
 returned", is counted apart instead of compared; equal infinities agree) and the check that two
 results hold the same response tokens. Knows nothing about servers or how the logprobs were made:
-sampled and re-scored (`Engine.check_logprobs`), two engines, or a trainer's own forward pass.
+sampled and re-scored (`Engine.check_logprobs`), two engines, or a trainer's own forward pass; a
+`Rollouts` is read only through its public tensors (`logprobs`, `response_mask`, `response_ids`).
 """
 
 from __future__ import annotations
@@ -37,12 +38,10 @@ def compare_logprobs(
     """
     import torch
 
-    from ._results import Rollouts
-
     def unpack(x: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        if isinstance(x, Rollouts):
+        if not isinstance(x, torch.Tensor) and hasattr(x, "response_mask"):  # a Rollouts
             if x.logprobs is None:
-                raise ValueError("this Rollouts has no logprobs; generate with return_logprob=True")
+                raise ValueError("this Rollouts has no logprobs; generate with logprobs=True")
             return x.logprobs.cpu(), x.response_mask.cpu(), x.response_ids.cpu()
         if isinstance(x, torch.Tensor):
             return x.detach().cpu(), None, None
@@ -52,7 +51,8 @@ def compare_logprobs(
     lb, mb, ib = unpack(b)
     if la.shape != lb.shape:
         raise ValueError(f"logprob shapes differ: {tuple(la.shape)} vs {tuple(lb.shape)}")
-    if ia is not None and ib is not None and (not torch.equal(ma, mb) or not torch.equal(ia[ma], ib[mb])):
+    if (ia is not None and ib is not None and ma is not None and mb is not None
+            and (not torch.equal(ma, mb) or not torch.equal(ia[ma], ib[mb]))):
         raise ValueError("the two Rollouts have different response tokens; their logprobs are not comparable")
     m = mask if mask is not None else ma if ma is not None else mb
     if m is None:

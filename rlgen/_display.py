@@ -57,7 +57,7 @@ def _shape_text(r: Rollouts) -> str:
 
 def short_repr(r: Rollouts) -> str:
     """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`."""
-    parts = [_shape_text(r), f"{int(r._r_off[-1])} tokens"]
+    parts = [_shape_text(r), f"{r.n_tokens} tokens"]
     finish = _finish_counts(r)
     if finish:
         parts.append("finish: " + ", ".join(f"{k} {v}" for k, v in finish))
@@ -82,11 +82,12 @@ def logprob_color(logprob: float) -> str:
     if logprob is None or math.isnan(logprob):
         return "#dddddd"
     p = math.exp(min(float(logprob), 0.0))
-    return _palette[round(p * (_PALETTE_STEPS - 1))]
+    colour: str = _palette[round(p * (_PALETTE_STEPS - 1))]
+    return colour
 
 
-def _clip(text: Any, limit: int, *, tail: bool = False) -> str:
-    text = "" if text is None else str(text)
+def _clip(value: Any, limit: int, *, tail: bool = False) -> str:
+    text = "" if value is None else str(value)
     if len(text) <= limit:
         return text
     return "…" + text[-limit:] if tail else text[:limit] + "…"
@@ -102,7 +103,7 @@ def _token_labels(r: Rollouts, ids: list[int], texts: list[str | None] | None) -
     """Per-token labels: server token texts, else `r.decode(ids)`, else the ids themselves."""
     if texts is None and r.decode is not None and ids:
         try:  # a repr must never raise: a bad decode just falls back to ids
-            decoded = list(r.decode(list(ids)))
+            decoded: list[str | None] = list(r.decode(list(ids)))
             texts = decoded if len(decoded) == len(ids) else None
         except Exception:
             texts = None
@@ -165,11 +166,9 @@ def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max
     Each completion is drawn token by token, coloured by p = exp(logprob) (hover: id, logprob,
     top-k); tokens past `max_tokens` and prompt text past `max_chars` are cut. All text is escaped.
     """
-    from ._results import COLUMNS
-
     df = r.df
     shown = df.head(max_rows)
-    extra = [c for c in df.columns if c not in COLUMNS]
+    extra = r.extra_columns
     head = [
         "row", "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "completion_tokens",
         "logprob_mean", *extra,
@@ -193,7 +192,7 @@ def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max
         rows_html.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     header = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
     summary = html.escape(short_repr(r)[1:-1])
-    if r._lp is not None:
+    if r.has_logprobs:
         summary += " | colour: p=exp(logprob), green high → red low; hover a token for id and logprob"
     foot = ""
     if len(df) > max_rows:
@@ -216,7 +215,7 @@ def engine_html(engine: Any) -> str:
     Reads plain attributes only (never `engine.info`, which polls GPU memory): a repr does no I/O.
     """
     rows = []
-    state = getattr(engine, "_state", None)
+    state = getattr(engine, "state", None)
     if state is not None:
         rows.append(("state", getattr(state, "value", state)))
     for name in _ENGINE_FIELDS:
@@ -406,11 +405,11 @@ class PhaseLine:
         self._width = len(text)
 
     def _render_notebook(self, text: str, state: str) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import HTML, display  # untyped: its calls are marked below
 
         icon, colour = {"running": ("⏳", "#555"), "ok": ("✓", "#2a7"), "failed": ("✗", "#c33")}[state]
-        body = HTML(f'<div style="font-family:monospace;color:{colour}">{icon} {html.escape(text)}</div>')
+        body = HTML(f'<div style="font-family:monospace;color:{colour}">{icon} {html.escape(text)}</div>')  # type: ignore[no-untyped-call]
         if self._handle is None:
-            self._handle = display(body, display_id=True)
+            self._handle = display(body, display_id=True)  # type: ignore[no-untyped-call]
         else:
             self._handle.update(body)

@@ -1,9 +1,10 @@
 """The user-facing `Engine`: one server (owned or attached), its client, and the generate API.
 
 Owns: composing a server process (`_server`), an HTTP client (`_client`), the background loop
-(`_loop`), prompt normalisation (`_prompts`), the sampling schema (`_sampling`) and the generate
+(`_loop`), prompt normalisation (`_prompts`), the options schema (`_options`) and the generate
 core (`_generate`) into the object a notebook user holds; its lifecycle state; its server-control
-methods. Knows nothing about process signals, padding or HTML: those live in their own modules.
+methods. Knows nothing about process signals, padding, SGLang's response format or HTML: those
+live in their own modules.
 """
 
 from __future__ import annotations
@@ -12,36 +13,37 @@ import asyncio
 import concurrent.futures
 import contextlib
 import enum
-import json
 import os
-import queue
 import threading
 import time
 import warnings
 import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeGuard
+from typing import TYPE_CHECKING, Any
 
-from . import _loop
+from typing_extensions import Unpack
+
+from . import _loop, _options, _server_info
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ._generate import GenerateJob, chunks_to_fill, new_rid, run_generate
-from ._launch import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 from ._models import resolve_model
-from ._prompts import normalize_prompts
-from ._sampling import SAMPLING_NAMES, Sampling, check_unknown_options
+from ._options import GenerateOptions, StreamOptions, takes_options
+from ._prompts import PromptBatch, normalize_prompts
+from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
+from ._types import Prompt, Prompts
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ._results import Rollouts
+    from ._server import ServerProcess
 
 __all__ = ["Engine", "EngineState"]
 
-# generate()'s options that are not sampling parameters, with generate()'s defaults (agenerate and
-# stream pass them through **options).
-_GENERIC_DEFAULTS: dict[str, Any] = {
-    "n": 1, "logprobs": True, "top_logprobs": 0, "stream": False, "sampling_params": None, "chunk_size": 256,
-    "max_in_flight": None,
-}  # fmt: skip
 
 class EngineState(enum.Enum):
-    STARTING = "starting"  # the server is being launched
     READY = "ready"        # generate() works
     FAILED = "failed"      # the server died; create a new Engine
     CLOSED = "closed"      # close() was called
@@ -105,6 +107,7 @@ class Engine:
         from ._server import launch_server
 
         self._init_common(progress=progress, request_timeout=request_timeout)
+        self._server: ServerProcess | None = None
         if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
         # 1) What to serve, and with which backend.
@@ -122,15 +125,14 @@ class Engine:
             enable_metrics=enable_metrics,
             server_args=server_args,
         )
-        # 2) Load the tokenizer while the server starts (a kernel's first transformers import took
-        #    13 s on the lent H200). Stop servers left behind by dead kernels (their GPU memory is
-        #    ours to reuse), then launch and wait for a real one-token generation, showing one
-        #    status line.
+        # 2) Load the tokenizer while the server starts (a kernel's first transformers import takes
+        #    seconds). Stop servers left behind by dead kernels (their GPU memory is ours to reuse),
+        #    then launch and wait for a real one-token generation, showing one status line.
         tokenizer = _in_background(_load_tokenizer, resolved.path)
         _reap_leftovers()
         line = PhaseLine(f"rlgen {self.backend} server", show=progress)
         try:
-            self._server = launch_server(
+            server = launch_server(
                 argv, host=host, port=port, env=env, log_dir=log_dir,
                 startup_timeout=startup_timeout, on_phase=line.update,
             )
@@ -139,13 +141,14 @@ class Engine:
             line.close(ok=False)
             raise
         line.close(ok=True)
-        self.url = self._server.url
+        self._server = server
+        self.url = server.url
         # 3) Client, tokenizer and what the server says about itself.
         try:
             self._connect(tokenizer=tokenizer.result())
         except BaseException:
             self._state = EngineState.FAILED
-            self._server.close()
+            server.close()
             raise
 
     @classmethod
@@ -182,10 +185,11 @@ class Engine:
         return self
 
     def _init_common(self, *, progress: bool | None, request_timeout: float | None) -> None:
-        self._state = EngineState.STARTING
+        self._state = EngineState.FAILED  # until _connect() succeeds
         self._progress = progress
         self._request_timeout = request_timeout
-        self.last_result: Any = None  # the last generate()'s Rollouts, also when it was interrupted
+        self.last_result: Rollouts | None = None  # the last generate()'s result, also when it was interrupted
+        self._gpu_memory_released: bool | None = None
         self._weight_updates = 0
         self._weights_path: str | None = None  # where the served weights were last loaded from
         self._released: set[str] = set()      # memory tags released and not yet resumed
@@ -195,16 +199,28 @@ class Engine:
         self.tokenizer = _load_tokenizer(tokenizer)
         self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
         self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
-        self.context_length = _context_length(self._server_info, self.tokenizer, self.model_path)
+        self.context_length = _server_info.context_length(self._server_info, self.tokenizer, self.model_path)
         self._state = EngineState.READY
         self._finalizer = weakref.finalize(self, _close_client, self._client)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
     def state(self) -> EngineState:
+        """READY, FAILED (the server died: create a new Engine) or CLOSED. Reading it changes nothing."""
         if self._state is EngineState.READY and self._server is not None and not self._server.alive():
-            self._state = EngineState.FAILED
+            return EngineState.FAILED
         return self._state
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """What the server said about itself at connection (SGLang's `/server_info`), as a copy."""
+        return dict(self._server_info)
+
+    @property
+    def gpu_memory_released(self) -> bool | None:
+        """After close(): True once the server's GPU memory was seen freed, False if it was still
+        held 30 s later, None where it cannot be measured (no GPU, or the driver hides processes)."""
+        return self._gpu_memory_released
 
     @property
     def log_path(self) -> str | None:
@@ -219,9 +235,10 @@ class Engine:
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
-        if getattr(self, "_server", None) is not None:
-            self._server.close()
-            self._gpu_memory_released = self._server.wait_gpu_memory_released(timeout=30)
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.close()
+            self._gpu_memory_released = server.wait_gpu_memory_released(timeout=30)
 
     def __enter__(self) -> Engine:
         self._check_ready()
@@ -248,7 +265,8 @@ class Engine:
     @property
     def info(self) -> dict[str, Any]:
         """Model, backend, versions, where the server is, and the GPU memory it holds."""
-        from . import __version__
+        from ._process_tree import gpu_memory_mib
+        from ._version import __version__
 
         server = self._server
         return {
@@ -263,11 +281,12 @@ class Engine:
             "context_length": self.context_length,
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,
-            "gpu_memory_mib": _gpu_memory_mib(server.pids()) if server is not None else None,
+            "gpu_memory_mib": gpu_memory_mib(server.pids()) if server is not None else None,
         }
 
     def __repr__(self) -> str:
-        where = f"pid={self._server.pid} " if getattr(self, "_server", None) is not None else ""
+        server = getattr(self, "_server", None)
+        where = f"pid={server.pid} " if server is not None else ""
         return f"<rlgen.Engine {self.model!r} backend={self.backend} {where}url={self.url} state={self.state.value}>"
 
     def _repr_html_(self) -> str:
@@ -276,50 +295,14 @@ class Engine:
         return engine_html(self)
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Any,
-        *,
-        n: int = 1,
-        max_new_tokens: int = 128,
-        min_new_tokens: int = 0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        stop: str | Sequence[str] | None = None,
-        stop_token_ids: Sequence[int] | None = None,
-        ignore_eos: bool = False,
-        seed: int | None = None,
-        logprobs: bool = True,
-        top_logprobs: int = 0,
-        stream: bool = False,
-        sampling_params: Mapping[str, Any] | None = None,
-        chunk_size: int = 256,
-        max_in_flight: int | None = None,
-        progress: bool | None = None,
-        **unknown: Any,
-    ) -> Any:
+    @takes_options(GenerateOptions)
+    def generate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
         """Generate `n` samples for each prompt; returns a `Rollouts` (a row per sample).
 
-        Args:
-            prompts: a string, a list of strings, a list of token-id lists, one chat (a list of
-                {"role", "content"} messages) or a list of chats (rendered with the model's chat
-                template).
-            n: samples per prompt.
-            max_new_tokens, min_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
-            stop, stop_token_ids, ignore_eos: SGLang's sampling parameters (temperature=0: greedy).
-            seed: per-request sampling seed (SGLang: honoured with --enable-deterministic-inference).
-            logprobs: return the logprob of every generated token.
-            top_logprobs: also return the k most likely tokens at every position.
-            stream: stream over SSE, to measure time-to-first-token and inter-token latency.
-            sampling_params: further SGLang sampling parameters, sent as they are.
-            chunk_size: prompts per batched /generate request.
-            max_in_flight: requests (chunks) in flight at once; with chunk_size, this bounds the
-                samples the server runs at once for this call. None: enough to fill the batch the
-                server runs at once (SGLang's max_running_requests), plus one chunk waiting.
-            progress: show a progress bar (None: auto).
+        `prompts`: a string, a list of strings, a list of token-id lists, one chat (a list of
+        {"role", "content"} messages) or a list of chats (rendered with the model's chat template).
+        The options (below) are SGLang's sampling parameters and rlgen's own; every one is checked
+        before anything is sent.
 
         Raises:
             TypeError / ValueError: bad prompts or options (nothing was sent).
@@ -327,27 +310,20 @@ class Engine:
                 prompt of it). KeyboardInterrupt: Ctrl-C; in-flight requests were aborted on the
                 server, finished samples are in `eng.last_result`.
         """
-        job, prompt_set, sampling = self._prepare(
-            prompts, unknown=unknown,
-            generic=dict(n=n, logprobs=logprobs, top_logprobs=top_logprobs, stream=stream,
-                         sampling_params=sampling_params, chunk_size=chunk_size, max_in_flight=max_in_flight),
-            options=dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, temperature=temperature,
-                         top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
-                         stop=stop, stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed),
-        )
+        job, batch, progress = self._prepare(prompts, options)
         with self._progress_bar(job, progress) as advance:
             try:
                 _loop.run_sync(run_generate(self._client, job, on_progress=advance))
             except BaseException:
-                self.last_result = self._rollouts(job, prompt_set, sampling, failed=True)
+                self.last_result = self._rollouts(job, batch, failed=True)
                 raise
-        self.last_result = self._rollouts(job, prompt_set, sampling)
+        self.last_result = self._rollouts(job, batch)
         return self.last_result
 
-    async def agenerate(self, prompts: Any, **options: Any) -> Any:
-        """`generate()` for `await` (e.g. at the top level of a notebook cell). Same arguments."""
-        progress = options.pop("progress", None)
-        job, prompt_set, sampling = self._prepare_from_options(prompts, options)
+    @takes_options(GenerateOptions)
+    async def agenerate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
+        """`generate()` for `await` (e.g. at the top level of a notebook cell): the same options."""
+        job, batch, progress = self._prepare(prompts, options)
         with self._progress_bar(job, progress) as advance:
             future = asyncio.run_coroutine_threadsafe(
                 run_generate(self._client, job, on_progress=advance), _loop.get_loop()
@@ -356,67 +332,71 @@ class Engine:
                 await asyncio.wrap_future(future)
             except BaseException:
                 future.cancel()
-                self.last_result = self._rollouts(job, prompt_set, sampling, failed=True)
+                self.last_result = self._rollouts(job, batch, failed=True)
                 raise
-        self.last_result = self._rollouts(job, prompt_set, sampling)
+        self.last_result = self._rollouts(job, batch)
         return self.last_result
 
-    def _prepare_from_options(self, prompts: Any, options: dict[str, Any]) -> tuple[GenerateJob, Any, Sampling]:
-        generic = {k: options.pop(k, default) for k, default in _GENERIC_DEFAULTS.items()}
-        sampling_opts = {k: options.pop(k) for k in list(options) if k in SAMPLING_NAMES}
-        return self._prepare(prompts, unknown=options, options=sampling_opts, generic=generic)
+    @takes_options(StreamOptions)
+    def stream(self, prompt: Prompt, /, **options: Unpack[StreamOptions]) -> Iterator[str]:
+        """Yield the text of one prompt's completion piece by piece, as it is generated.
 
-    def _prepare(
-        self,
-        prompts: Any,
-        *,
-        unknown: dict[str, Any],
-        options: dict[str, Any],
-        generic: dict[str, Any],
-    ) -> tuple[GenerateJob, Any, Sampling]:
-        """Validate everything and build the job; raises before anything is sent.
-
-        `options`: sampling options; `generic`: every key of _GENERIC_DEFAULTS; `unknown`: the rest.
+        Takes the sampling options of generate(); one prompt, one sample. Breaking out of the loop
+        aborts the request on the server.
         """
         self._check_ready()
-        check_unknown_options(unknown, known=[*SAMPLING_NAMES, *_GENERIC_DEFAULTS, "progress"])
-        n, logprobs, top_logprobs, stream = generic["n"], generic["logprobs"], generic["top_logprobs"], generic["stream"]
-        sampling_params, chunk_size, max_in_flight = generic["sampling_params"], generic["chunk_size"], generic["max_in_flight"]
-        for name, value, least in (("n", n, 1), ("chunk_size", chunk_size, 1), ("top_logprobs", top_logprobs, 0)):
-            if not _is_count(value, least=least):
-                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        resolved = _options.resolve(StreamOptions, options)
+        batch = self._normalize(prompt, max_new_tokens=resolved["max_new_tokens"])
+        if len(batch) != 1:
+            raise ValueError("stream() takes one prompt; use generate(stream=True) for batches")
+        self._warn_if_seed_ignored(resolved)
+        payload = {"input_ids": batch.ids[0], "sampling_params": _options.to_sglang(resolved), "rid": new_rid()}
+        return _loop.iterate(self._text_pieces(payload))
+
+    async def _text_pieces(self, payload: dict[str, Any]) -> AsyncIterator[str]:
+        """The new text of each streamed chunk; on cancellation the request is aborted on the server."""
+        sent = ""
+        try:
+            async for chunk in self._client.generate_stream(payload):
+                text = chunk.get("text", "")
+                if len(text) > len(sent):
+                    yield text[len(sent):]
+                    sent = text
+        except (asyncio.CancelledError, GeneratorExit):
+            with contextlib.suppress(Exception):
+                await self._client.abort([payload["rid"]])
+            raise
+
+    def _prepare(self, prompts: Prompts, options: Mapping[str, Any]) -> tuple[GenerateJob, PromptBatch, bool | None]:
+        """Check everything and build the job; raises before anything is sent."""
+        self._check_ready()
+        opts = _options.resolve(GenerateOptions, options)
+        self._warn_if_seed_ignored(opts)
+        max_in_flight = opts["max_in_flight"]
         if max_in_flight is None:
-            max_in_flight = chunks_to_fill(_running_capacity(self._server_info), chunk_size, n)
-        elif not _is_count(max_in_flight):
-            raise ValueError(f"max_in_flight must be an int >= 1 or None (fill the server's batch), got {max_in_flight!r}")
-        sampling = Sampling(**{k: v for k, v in options.items() if v is not None or k == "seed"})
-        if sampling.seed is not None and not self._seed_is_honoured:
+            max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), opts["chunk_size"], opts["n"])
+        batch = self._normalize(prompts, max_new_tokens=opts["max_new_tokens"])
+        job = GenerateJob(
+            prompt_ids=batch.ids, sampling=_options.to_sglang(opts), n=opts["n"], logprobs=opts["logprobs"],
+            top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=opts["chunk_size"],
+            max_in_flight=max_in_flight,
+        )
+        return job, batch, opts["progress"]
+
+    def _normalize(self, prompts: Prompts, *, max_new_tokens: int) -> PromptBatch:
+        return normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self._vocab_size,
+                                 context_length=self.context_length, max_new_tokens=max_new_tokens)
+
+    def _warn_if_seed_ignored(self, opts: Mapping[str, Any]) -> None:
+        if opts["seed"] is not None and not _server_info.honours_seed(self._server_info):
             warnings.warn(
                 "seed= will not make sampling reproducible on this SGLang server: it honours sampling_seed only "
                 "in deterministic mode; start the Engine with server_args={'enable_deterministic_inference': True}",
-                stacklevel=3,
+                stacklevel=4,
             )
-        params = sampling.to_sglang()
-        if sampling_params:
-            clash = set(sampling_params) & set(params)
-            if clash:
-                raise ValueError(f"{sorted(clash)} given both as arguments and in sampling_params; pass each once")
-            params.update(sampling_params)
-        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self._vocab_size,
-                                       context_length=self.context_length, max_new_tokens=sampling.max_new_tokens)
-        job = GenerateJob(
-            prompt_ids=prompt_set.ids, sampling=params, n=n, logprobs=bool(logprobs), top_logprobs=top_logprobs,
-            stream=bool(stream), chunk_size=chunk_size, max_in_flight=max_in_flight,
-        )
-        return job, prompt_set, sampling
-
-    @property
-    def _seed_is_honoured(self) -> bool:
-        info = self._server_info
-        return info.get("rlgen_backend") == "cpu" or bool(info.get("enable_deterministic_inference"))
 
     @contextlib.contextmanager
-    def _progress_bar(self, job: GenerateJob, progress: bool | None) -> Iterator[Any]:
+    def _progress_bar(self, job: GenerateJob, progress: bool | None) -> Iterator[Callable[[int], Any]]:
         from ._display import progress_bar
 
         show = self._progress if progress is None else progress
@@ -429,96 +409,53 @@ class Engine:
         finally:
             bar.close()
 
-    def _rollouts(self, job: GenerateJob, prompt_set: Any, sampling: Sampling, *, failed: bool = False) -> Any:
-        from ._results import Rollouts
+    def _rollouts(self, job: GenerateJob, batch: PromptBatch, *, failed: bool = False) -> Rollouts:
+        from ._response_arrays import failed_entry
+        from ._results import rollouts_from_responses
 
-        responses = job.results
+        responses: list[dict[str, Any] | None] = list(job.results) or [None] * job.n_samples
         if failed or any(r is None for r in responses):
-            responses = [r if r is not None else Rollouts.failed_response("aborted before the server answered", reason="abort")
-                         for r in (responses or [None] * job.n_samples)]
+            responses = [r if r is not None else failed_entry("aborted before the server answered", reason="abort")
+                         for r in responses]
         extra = {"ttft_s": job.ttft_s, "itl_s": job.itl_s} if job.stream else None
         record = {**job.sampling, "n": job.n}
-        return Rollouts.from_responses(
-            responses, prompt_ids=prompt_set.ids, prompt_texts=prompt_set.texts, n=job.n,
+        return rollouts_from_responses(
+            responses, prompt_ids=batch.ids, prompt_texts=batch.texts, n=job.n,
             pad_token_id=_pad_id(self.tokenizer), extra=extra, model=self.model, sampling=record,
             decode=self._decode_tokens,
         )
 
     def _decode_tokens(self, ids: list[int]) -> list[str]:
-        return self.tokenizer.convert_ids_to_tokens(ids)
-
-    def stream(self, prompt: Any, **options: Any) -> Iterator[str]:
-        """Yield the text of one prompt's completion piece by piece, as it is generated.
-
-        Breaking out of the loop aborts the request on the server.
-        """
-        options.pop("progress", None)
-        job, _, _ = self._prepare_from_options(prompt, {**options, "stream": True})
-        if len(job.prompt_ids) != 1 or job.n != 1:
-            raise ValueError("stream() takes one prompt and n=1; use generate(stream=True) for batches")
-        payload = {"input_ids": job.prompt_ids[0], "sampling_params": job.sampling, "rid": new_rid()}
-        pieces: queue.Queue[Any] = queue.Queue()
-        done = object()
-
-        async def produce() -> None:
-            sent = ""
-            try:
-                async for chunk in self._client.generate_stream(payload):
-                    text = chunk.get("text", "")
-                    if len(text) > len(sent):
-                        pieces.put(text[len(sent):])
-                        sent = text
-            except BaseException as err:  # includes cancellation: abort on the server
-                if not isinstance(err, Exception):
-                    with contextlib.suppress(Exception):
-                        await self._client.abort([payload["rid"]])
-                pieces.put(err)
-                raise
-            finally:
-                pieces.put(done)
-
-        future = asyncio.run_coroutine_threadsafe(produce(), _loop.get_loop())
-        try:
-            while True:
-                item = pieces.get()
-                if item is done:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            if not future.done():
-                future.cancel()
-                with contextlib.suppress(Exception):
-                    future.exception(timeout=10)
+        return list(self.tokenizer.convert_ids_to_tokens(ids))
 
     # -- scoring ---------------------------------------------------------------------------------
-    def score(self, prompts: Any, completions: Sequence[str] | Sequence[Sequence[int]], *, progress: bool | None = None) -> Any:
+    def score(self, prompts: Prompts, completions: Sequence[str] | Sequence[Sequence[int]], *,
+              progress: bool | None = None) -> Rollouts:
         """Logprobs of given completions under the model (one prefill each, no sampling).
 
         Returns a `Rollouts` whose responses are the given completions and whose `logprobs` are
         the model's log-probabilities of those tokens (raw logits, temperature 1).
         """
-        from ._results import Rollouts
+        from ._results import rollouts_from_responses
 
-        prompt_set = normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self._vocab_size,
-                                       context_length=self.context_length, max_new_tokens=1)
-        if isinstance(completions, (str, bytes)) or len(completions) != len(prompt_set):
-            raise ValueError(f"give one completion per prompt ({len(prompt_set)} prompts)")
+        batch = self._normalize(prompts, max_new_tokens=1)
+        if isinstance(completions, (str, bytes)) or len(completions) != len(batch):
+            raise ValueError(f"give one completion per prompt ({len(batch)} prompts)")
         completion_ids = [list(c) if not isinstance(c, str) else self.tokenizer(c, add_special_tokens=False)["input_ids"]
                           for c in completions]
-        entries = self._score_ids(prompt_set.ids, completion_ids, progress=progress)
-        return Rollouts.from_responses(entries, prompt_ids=prompt_set.ids, prompt_texts=prompt_set.texts, n=1,
+        entries = self._score_ids(batch.ids, completion_ids, progress=progress)
+        return rollouts_from_responses(entries, prompt_ids=batch.ids, prompt_texts=batch.texts, n=1,
                                        pad_token_id=_pad_id(self.tokenizer), model=self.model,
                                        sampling={"score": True}, decode=self._decode_tokens)
 
-    def check_logprobs(self, rollouts: Any) -> dict[str, float]:
+    def check_logprobs(self, rollouts: Rollouts) -> dict[str, float | int]:
         """Re-score the rollouts' own tokens and compare with their sampled logprobs.
 
         Returns max/mean absolute difference over response tokens (SGLang reports sampled
         logprobs after temperature: compare rollouts sampled at temperature 1).
         """
-        from ._results import Rollouts, compare_logprobs
+        from ._compare import compare_logprobs
+        from ._results import rollouts_from_responses
 
         t = rollouts.tensors()
         prompt_ids = [row[m].tolist() for row, m in zip(t["prompt_ids"], t["prompt_mask"])]
@@ -527,32 +464,35 @@ class Engine:
         if not keep:
             raise ValueError("the rollouts have no response tokens to re-score")
         rescored = self._score_ids([prompt_ids[i] for i in keep], [response_ids[i] for i in keep], progress=False)
-        rescored_r = Rollouts.from_responses(rescored, prompt_ids=[prompt_ids[i] for i in keep], n=1,
+        rescored_r = rollouts_from_responses(rescored, prompt_ids=[prompt_ids[i] for i in keep], n=1,
                                              pad_token_id=_pad_id(self.tokenizer))
         return compare_logprobs(rollouts[keep], rescored_r)
 
-    def _score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], *, progress: bool | None) -> list[dict]:
+    def _score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], *,
+                   progress: bool | None) -> list[dict[str, Any]]:
         """Prefill prompt+completion with input logprobs from the last prompt token on."""
+        from ._response_arrays import scored_entry
+
         self._check_ready()
         for i, c in enumerate(completion_ids):
             if not c:
                 raise ValueError(f"completion {i} is empty; nothing to score")
         full = [p + c for p, c in zip(prompt_ids, completion_ids)]
-        job = GenerateJob(prompt_ids=full, sampling={"max_new_tokens": 1, "temperature": 0.0}, logprobs=True,
-                          per_prompt={"logprob_start_len": [len(p) - 1 for p in prompt_ids]})
+        chunk_size = _options.defaults(GenerateOptions)["chunk_size"]
+        job = GenerateJob(
+            prompt_ids=full, sampling={"max_new_tokens": 1, "temperature": 0.0}, n=1, logprobs=True, top_logprobs=0,
+            stream=False, chunk_size=chunk_size,
+            max_in_flight=chunks_to_fill(_server_info.running_capacity(self._server_info), chunk_size, 1),
+            per_prompt={"logprob_start_len": [len(p) - 1 for p in prompt_ids]},
+        )
         with self._progress_bar(job, progress) as advance:
             _loop.run_sync(run_generate(self._client, job, on_progress=advance))
         entries = []
-        for p, c, r in zip(prompt_ids, completion_ids, job.results):
-            meta = dict(r["meta_info"])
-            scored = meta.pop("input_token_logprobs")[1:]  # entry 0 is the last prompt token (None)
-            meta.pop("input_top_logprobs", None)
-            meta.pop("output_top_logprobs", None)
-            meta["output_token_logprobs"] = scored
-            meta["completion_tokens"] = len(c)
-            meta["prompt_tokens"] = len(p)
-            meta["finish_reason"] = {"type": "score"}
-            entries.append({"text": self.tokenizer.decode(c, skip_special_tokens=True), "output_ids": c, "meta_info": meta})
+        for i, (p, c, r) in enumerate(zip(prompt_ids, completion_ids, job.results)):
+            if r is None:
+                raise RequestError("the server did not answer this scoring request", prompt_index=i)
+            entries.append(scored_entry(r, prompt_len=len(p), completion_ids=c,
+                                        text=self.tokenizer.decode(c, skip_special_tokens=True)))
         return entries
 
     # -- server control --------------------------------------------------------------------------
@@ -609,8 +549,8 @@ class Engine:
         _loop.run_sync(self._client.post("/resume_memory_occupation", body))
         resumed = set(tags) if tags else self._released
         self._released = self._released - resumed
-        # Seen on SGLang 0.5.17: resume restores the weights' memory but not their values (greedy
-        # output was empty). Reload them from disk, keeping the weight version.
+        # SGLang's resume restores the weights' memory but not their values (greedy output comes back
+        # empty). Reload them from disk, keeping the weight version, so outputs are unchanged.
         if "weights" in resumed and self.backend != "cpu":
             info = _loop.run_sync(self._client.get_info("model", timeout=30))
             _loop.run_sync(self._client.post("/update_weights_from_disk", {
@@ -627,7 +567,7 @@ class Engine:
         finally:
             self.resume_memory()
 
-    def metrics(self) -> Any:
+    def metrics(self) -> pd.DataFrame:
         """SGLang's Prometheus metrics as a DataFrame (name, labels, value); needs enable_metrics=True."""
         self._check_ready()
         if not self._metrics_enabled:
@@ -658,7 +598,7 @@ def _in_background(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Fut
     def run() -> None:
         try:
             future.set_result(fn(*args))
-        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+        except BaseException as err:
             future.set_exception(err)
 
     threading.Thread(target=run, name="rlgen-tokenizer", daemon=True).start()
@@ -676,43 +616,6 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
 
 
-def _is_count(value: Any, *, least: int = 1) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def _running_capacity(server_info: dict[str, Any]) -> int | None:
-    """How many requests the server runs at once: SGLang's effective max_running_requests, summed
-    over its data-parallel ranks (/server_info's internal_states); None where it does not say."""
-    states = server_info.get("internal_states")
-    if not isinstance(states, list):
-        return None
-    total = 0
-    for state in states:
-        count = state.get("effective_max_running_requests_per_dp") if isinstance(state, dict) else None
-        if not _is_count(count):
-            return None
-        total += count
-    return total or None
-
-
-def _context_length(server_info: dict[str, Any], tokenizer: Any, model_path: str) -> int | None:
-    """The model's context: an explicit server setting, else the checkout's config, else what the
-    server says is the longest input (SGLang's `max_req_input_len`, a few tokens under the context)."""
-    value = server_info.get("context_length")
-    if isinstance(value, int) and value > 0:
-        return value
-    config = Path(model_path) / "config.json"
-    if model_path and config.is_file():
-        value = json.loads(config.read_text()).get("max_position_embeddings")
-        if isinstance(value, int):
-            return value
-    value = server_info.get("max_req_input_len")
-    if isinstance(value, int) and value > 0:
-        return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and limit < 10**9 else None
-
-
 def _pad_id(tokenizer: Any) -> int:
     pad = tokenizer.pad_token_id
     return int(pad if pad is not None else (tokenizer.eos_token_id or 0))
@@ -721,12 +624,3 @@ def _pad_id(tokenizer: Any) -> int:
 def _close_client(client: Client) -> None:
     with contextlib.suppress(Exception):
         _loop.run_sync(client.aclose(), timeout=5)
-
-
-def _gpu_memory_mib(pids: list[int]) -> int | None:
-    """GPU memory held by these processes (None where the driver shows none of them)."""
-    from ._process_tree import gpu_memory_by_pid
-
-    held = gpu_memory_by_pid() if pids else None
-    mine = [held[pid] for pid in pids if pid in held] if held else []
-    return sum(mine) if mine else None

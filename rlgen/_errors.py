@@ -9,8 +9,10 @@
     │   └── EngineClosedError       the Engine was used after close()
     └── RequestError                one HTTP request to the server
         ├── ServerRequestError      the server answered with an error status (HTTP 4xx/5xx)
-        ├── RequestTimeout          no answer within the client's timeout
-        └── RequestAborted          the request was aborted (Ctrl-C, abort_request)
+        └── RequestTimeout          no answer within the client's timeout
+
+Ctrl-C is not an rlgen error: it raises KeyboardInterrupt as everywhere in Python (generate()
+first aborts its requests on the server and keeps the finished samples in `eng.last_result`).
 
 Messages say what to do next. Exceptions carry their context as attributes, so that a notebook
 user can inspect `err.log_tail` or `err.prompt_index` without parsing text.
@@ -22,7 +24,6 @@ __all__ = [
     "EngineClosedError",
     "EngineError",
     "ModelError",
-    "RequestAborted",
     "RequestError",
     "RequestTimeout",
     "RlgenError",
@@ -123,6 +124,3 @@ class ServerRequestError(RequestError):
 class RequestTimeout(RequestError):
     """The server did not answer within the client's timeout (raise `request_timeout=`)."""
 
-
-class RequestAborted(RequestError):
-    """The request was aborted before it finished."""

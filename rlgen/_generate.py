@@ -25,17 +25,16 @@ __all__ = ["FALLBACK_IN_FLIGHT", "GenerateJob", "chunks_to_fill", "new_rid", "ru
 
 @dataclass
 class GenerateJob:
-    """One generate() call, ready to send."""
+    """One generate() call, ready to send (its values already checked by `_options`)."""
 
     prompt_ids: list[list[int]]
     sampling: dict[str, Any]              # SGLang sampling_params, without `n`
-    n: int = 1
-    logprobs: bool = True
-    top_logprobs: int = 0
-    stream: bool = False                  # stream over SSE to measure TTFT / inter-token latency
-    chunk_size: int = 256                 # prompts per /generate request
-    max_in_flight: int = 8                # requests in flight at once (see chunks_to_fill)
-    extra_request: dict[str, Any] = field(default_factory=dict)  # sent as is with every request
+    n: int                                # samples per prompt
+    logprobs: bool
+    top_logprobs: int
+    stream: bool                          # stream over SSE to measure TTFT / inter-token latency
+    chunk_size: int                       # prompts per /generate request
+    max_in_flight: int                    # requests in flight at once (see chunks_to_fill)
     per_prompt: dict[str, list[Any]] = field(default_factory=dict)  # one value per prompt, e.g. logprob_start_len
 
     # filled while running: one entry per sample (prompt-major), None until it arrives
@@ -57,8 +56,8 @@ def chunks_to_fill(server_capacity: int | None, chunk_size: int, n: int) -> int:
     """generate()'s default `max_in_flight`: enough chunks to fill the server's running batch, plus
     one waiting in its queue so that it starts the moment a chunk finishes.
 
-    A fixed 8 x 256 prompts split 4096 prompts into two waves of 2048 on an H200 whose SGLang runs
-    4096 at once, and decoded them 0.79x as fast as one request (docs/benchmarks.md, 2026-11-30).
+    A fixed number would split a large input into waves that each leave the server's batch part
+    empty (docs/benchmarks.md has the measurement that led here).
     """
     if server_capacity is None:
         return FALLBACK_IN_FLIGHT
@@ -130,10 +129,9 @@ def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], l
     """The /generate body for prompts [start, stop), and the rids it carries."""
     prompts = job.prompt_ids[start:stop]
     # n copies of each prompt, each its own sample with its own rid, rather than SGLang's `n`: for a
-    # batch with n > 1, SGLang 0.5.17 first prefills the prompts one at a time, each awaited before
-    # the next is sent (TokenizerManager._handle_batch_request; its log warns to duplicate instead).
-    # On the H200 that was ~70 prompts/s with the GPU idle: 1024 prompts x n=4 decoded at 13.6k
-    # tok/s in one request vs 26k as one request per prompt (docs/benchmarks.md, 2026-11-30).
+    # batch with n > 1, SGLang first prefills the prompts one at a time, each awaited before the
+    # next is sent (TokenizerManager._handle_batch_request; its log warns to duplicate instead),
+    # which leaves the GPU idle (docs/benchmarks.md).
     ids = [p for p in prompts for _ in range(job.n)]
     rids = [new_rid() for _ in ids]
     sampling: Any = job.sampling
@@ -141,7 +139,7 @@ def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], l
         # One seed for n copies of a prompt would draw n identical samples: seed + sample index.
         seed = sampling["sampling_seed"]
         sampling = [{**job.sampling, "sampling_seed": seed + j} for _ in prompts for j in range(job.n)]
-    payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids, **job.extra_request}
+    payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids}
     for name, values in job.per_prompt.items():
         payload[name] = [v for v in values[start:stop] for _ in range(job.n)]
     if job.logprobs or job.top_logprobs:

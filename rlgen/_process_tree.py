@@ -59,10 +59,11 @@ __all__ = [
     "ProcessTree",
     "ShutdownReport",
     "check_grace",
+    "gpu_memory_by_pid",
+    "gpu_memory_mib",
     "is_exiting",
     "reap",
     "spawn",
-    "gpu_memory_by_pid",
     "wait_gpu_memory_released",
 ]
 
@@ -160,7 +161,7 @@ class _Spawner:
             cmd, kwargs, future = queue.get()
             try:
                 future.set_result(subprocess.Popen(cmd, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            except BaseException as exc:
                 future.set_exception(exc)
 
 
@@ -243,7 +244,7 @@ def is_exiting(pid: int) -> bool:
     """True once the process's main thread is gone: /proc shows it as a zombie while its other
     threads finish tearing down, before waitpid can report the exit."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -293,7 +294,7 @@ def _group_is_ours(pgid: int, leader_create_time: float | None) -> bool:
     if leader_create_time is None:
         return False
     try:
-        return abs(leader.create_time() - leader_create_time) < 0.01
+        return bool(abs(leader.create_time() - leader_create_time) < 0.01)
     except psutil.Error:
         return False
 
@@ -412,6 +413,13 @@ def _gpu_pids() -> set[int] | None:
     return None if held is None else set(held)
 
 
+def gpu_memory_mib(pids: list[int]) -> int | None:
+    """GPU memory (MiB) held by these processes together (None where the driver shows none of them)."""
+    held = gpu_memory_by_pid() if pids else None
+    mine = [held[pid] for pid in pids if pid in held] if held else []
+    return sum(mine) if mine else None
+
+
 def gpu_memory_by_pid() -> dict[int, int] | None:
     """GPU memory (MiB) held per process, or None if that cannot be known here.
 
@@ -419,7 +427,7 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
     at all; callers then see an empty dict.
     """
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         pynvml = None
     if pynvml is not None:
@@ -434,7 +442,7 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
                 return held
             finally:
                 pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - no driver / no GPU: fall through to nvidia-smi
+        except Exception:
             pass
     smi = shutil.which("nvidia-smi")
     if smi is None:

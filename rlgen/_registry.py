@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from ._models import cache_dir
+from ._paths import cache_dir
 
 __all__ = [
     "ServerRecord",
@@ -147,7 +147,7 @@ def process_alive(pid: int, create_time: float) -> bool:
         proc = psutil.Process(pid)
         if abs(proc.create_time() - create_time) > _CREATE_TIME_TOLERANCE_S:
             return False  # the pid was reused by an unrelated process
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
     except psutil.AccessDenied:

@@ -5,7 +5,7 @@ one Python pass over rows, never over tokens; the per-token lists of `meta_info`
 top-k, token texts, prompt logprobs) as flat arrays built in C (`np.fromiter` over chained lists);
 the alignment guard (each logprob names its token id, which must match the ids it belongs to: rows
 where it does not get NaN logprobs and a note); per-row logprob sums; and the entry that stands in
-for a failed sample. Knows nothing about pandas, torch, HTTP or `Rollouts`: `Rollouts.from_responses`
+for a failed sample, or for a scored completion. Knows nothing about pandas, torch, HTTP or `Rollouts`: `Rollouts.from_responses`
 (`_results.py`) validates its arguments, calls `parse_responses` and builds the DataFrame.
 
 Flat arrays follow `_ragged.py`'s layout (values plus row offsets); missing values are NaN (floats),
@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from ._ragged import gather_rows, row_offsets
 
-__all__ = ["ParsedResponses", "failed_entry", "gc_paused", "parse_responses"]
+__all__ = ["ParsedResponses", "failed_entry", "gc_paused", "parse_responses", "scored_entry"]
 
 # Per-row values read from each entry, named as the DataFrame columns they become.
 ROW_FIELDS = (
@@ -70,11 +71,31 @@ def failed_entry(message: str, *, reason: str = "error", rid: str | None = None)
     return {"text": "", "output_ids": [], "meta_info": {"id": rid, "finish_reason": finish, "completion_tokens": 0}}
 
 
+def scored_entry(entry: dict[str, Any], *, prompt_len: int, completion_ids: list[int], text: str) -> dict[str, Any]:
+    """A scoring answer reshaped as if its completion had been sampled.
+
+    `entry` answers a one-token /generate of prompt + completion with `return_logprob` and
+    `logprob_start_len = prompt_len - 1`: its `input_token_logprobs` start at the last prompt token
+    (whose own logprob is None) and then hold each completion token's. Those become the entry's
+    `output_token_logprobs`, so that the completion parses exactly like a sampled response, with
+    finish_reason "score".
+    """
+    meta = dict(entry["meta_info"])
+    scored = meta.pop("input_token_logprobs")[1:]
+    meta.pop("input_top_logprobs", None)
+    meta.pop("output_top_logprobs", None)
+    meta["output_token_logprobs"] = scored
+    meta["completion_tokens"] = len(completion_ids)
+    meta["prompt_tokens"] = prompt_len
+    meta["finish_reason"] = {"type": "score"}
+    return {"text": text, "output_ids": completion_ids, "meta_info": meta}
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic GC (as a decorator: `@gc_paused()`), restoring its state after."""
     # Building creates no reference cycles, yet the cyclic GC would rescan the millions of freshly
-    # parsed response objects each time it runs (measured: ~2x slower construction on 1M tokens).
+    # parsed response objects each time it runs, slowing construction down.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -167,9 +188,9 @@ def parse_responses(
 # one helper per per-token field, vectorised
 
 
-def _flat_floats(rows: list, total: int, col: int = 0) -> np.ndarray:
-    # map(itemgetter) + fromiter runs in C; measured ~5x faster than np.asarray per row (see
-    # bench/client_overhead.py --options). fromiter turns None into NaN (prompt logprob 0).
+def _flat_floats(rows: list[Any], total: int, col: int = 0) -> np.ndarray:
+    # map(itemgetter) + fromiter runs in C, far faster than np.asarray per row (bench/client_overhead.py
+    # --options compares them). fromiter turns None into NaN (prompt logprob 0).
     return np.fromiter(map(itemgetter(col), chain.from_iterable(rows)), np.float32, total)
 
 
@@ -185,7 +206,7 @@ def _normalise_entry(entry: Any, i: int) -> dict[str, Any]:
 
 
 def _output_logprobs(
-    lp_rows: list, r_len: np.ndarray, r_off: np.ndarray, r_ids: np.ndarray, bad: dict[int, str]
+    lp_rows: list[Any], r_len: np.ndarray, r_off: np.ndarray, r_ids: np.ndarray, bad: dict[int, str]
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """Flat [T] float32 logprobs (NaN for rows without, or with misaligned, logprobs) and which rows have them."""
     has = np.fromiter((x is not None for x in lp_rows), bool, len(lp_rows))
@@ -214,7 +235,7 @@ def _output_logprobs(
 
 
 def _top_logprobs(
-    top_rows: list, r_len: np.ndarray, r_off: np.ndarray, pad: int, bad: dict[int, str]
+    top_rows: list[Any], r_len: np.ndarray, r_off: np.ndarray, pad: int, bad: dict[int, str]
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Flat [T, k] top-k logprobs and ids; NaN / pad for rows or tokens without them."""
     first = next((t for row in top_rows if row for t in row if t), None)
@@ -244,7 +265,7 @@ def _top_logprobs(
     return lp, ids
 
 
-def _token_texts(lp_rows: list, r_len: np.ndarray, r_off: np.ndarray, bad: dict[int, str]) -> np.ndarray | None:
+def _token_texts(lp_rows: list[Any], r_len: np.ndarray, r_off: np.ndarray, bad: dict[int, str]) -> np.ndarray | None:
     """Per-token strings, when the server sent them (return_text_in_logprobs); else None."""
     first = next((row[0] for row in lp_rows if row), None)
     if first is None or len(first) < 3 or first[2] is None:
@@ -257,7 +278,7 @@ def _token_texts(lp_rows: list, r_len: np.ndarray, r_off: np.ndarray, bad: dict[
 
 
 def _prompt_logprobs(
-    in_rows: list, p_len: np.ndarray, p_off: np.ndarray, p_ids: np.ndarray, bad: dict[int, str]
+    in_rows: list[Any], p_len: np.ndarray, p_off: np.ndarray, p_ids: np.ndarray, bad: dict[int, str]
 ) -> np.ndarray | None:
     """Flat prompt logprobs aligned to the END of each prompt (logprob_start_len may skip a head)."""
     if all(x is None for x in in_rows):

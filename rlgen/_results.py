@@ -1,13 +1,12 @@
 """`Rollouts`: the one result object a generation returns.
 
 Owns: the rows (a pandas DataFrame) and the padded torch tensors that line up with them, raw
-`meta_info` per row, construction (from SGLang `/generate` entries, parquet, or flat arrays),
-selection, concatenation and display hooks. Knows nothing about HTTP, servers or processes: it
+`meta_info` per row, construction (from SGLang `/generate` entries with
+`rollouts_from_responses`, parquet, or flat arrays), selection, concatenation and display hooks. Knows nothing about HTTP, servers or processes: it
 receives already-decoded response dicts and the prompt token ids the client sent.
 
 Delegates: parsing response entries into flat arrays to `_response_arrays.py`, the ragged
-(values + offsets) primitives to `_ragged.py`, the file format to `_parquet.py`; `compare_logprobs`
-lives in `_compare.py` and is re-exported here.
+(values + offsets) primitives to `_ragged.py`, the file format to `_parquet.py`.
 
 Storage is ragged and flat (CSR-style: one flat numpy array per field plus row offsets), so that
 construction, selection and concatenation are a few vectorised numpy calls, not Python loops over
@@ -33,20 +32,20 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._compare import compare_logprobs
 from ._parquet import read_parquet, write_parquet
 from ._ragged import gather_rows, pad_rows, row_offsets
-from ._response_arrays import failed_entry, gc_paused, parse_responses
+from ._response_arrays import gc_paused, parse_responses
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-__all__ = ["Rollouts", "compare_logprobs"]
+__all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
 # rewards) come after them.
@@ -128,7 +127,7 @@ class Rollouts:
         sampling: dict[str, Any] | None = None,
         decode: Callable[[list[int]], list[str]] | None = None,
     ) -> None:
-        """Low-level constructor from flat arrays; use `from_responses`, `from_parquet`, `concat`."""
+        """Low-level constructor from flat arrays; results come from `Engine.generate`, `from_parquet`, `concat`."""
         n_rows = len(prompt_offsets) - 1
         if len(df) != n_rows or len(response_offsets) != n_rows + 1 or len(meta_info) != n_rows:
             raise ValueError("df, offsets and meta_info must describe the same number of rows")
@@ -146,119 +145,6 @@ class Rollouts:
         self.decode = decode
         self._cache: dict[str, torch.Tensor] | None = None
         self._device: Any = None
-
-    # -- construction from SGLang responses ------------------------------------------------------
-    @classmethod
-    @gc_paused()
-    def from_responses(
-        cls,
-        responses: Sequence[dict[str, Any] | None],
-        *,
-        prompt_ids: Sequence[Sequence[int]],
-        prompt_texts: Sequence[str | None] | None = None,
-        n: int = 1,
-        pad_token_id: int,
-        extra: dict[str, Sequence[Any]] | None = None,
-        model: str = "",
-        sampling: dict[str, Any] | None = None,
-        decode: Callable[[list[int]], list[str]] | None = None,
-    ) -> Rollouts:
-        """Build from SGLang `/generate` entries, `n` per prompt, prompt-major.
-
-        Args:
-            responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
-                prompt-major order. A failed sample is None or `Rollouts.failed_response(...)`;
-                it still gets a row (finish_reason "error"/"abort", empty output).
-            prompt_ids: token ids of each prompt (len = number of prompts).
-            prompt_texts: each prompt's text (None for prompts given as ids).
-            n: samples per prompt.
-            pad_token_id: the value used to pad id tensors.
-            extra: per-row columns to add (e.g. "ttft_s"), each of length len(responses).
-            model, sampling: recorded on the result (and in parquet).
-            decode: optional display helper, ids -> per-token strings.
-
-        Raises:
-            ValueError / TypeError: inconsistent counts or malformed input.
-        """
-        import pandas as pd
-
-        # 1) validate the shape of the input
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
-        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
-            raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
-        n_prompts, n_rows = len(prompt_ids), len(responses)
-        if n_rows != n_prompts * n:
-            raise ValueError(f"expected {n_prompts} prompts x n={n} = {n_prompts * n} responses, got {n_rows}")
-        if prompt_texts is not None and len(prompt_texts) != n_prompts:
-            raise ValueError(f"prompt_texts has {len(prompt_texts)} entries for {n_prompts} prompts")
-        extra = dict(extra or {})
-        for name, values in extra.items():
-            if name in COLUMNS:
-                raise ValueError(f"extra column {name!r} clashes with a built-in column")
-            if len(values) != n_rows:
-                raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
-
-        # 2) per-row values and flat token arrays (_response_arrays.py)
-        parsed = parse_responses(responses, prompt_ids, n, int(pad_token_id))
-        bad, cols, rows = parsed.bad, parsed.rows, np.arange(n_rows, dtype=np.int64)
-        if bad:
-            warnings.warn(
-                f"{len(bad)} row(s) had logprobs that do not line up with their tokens; their logprobs "
-                f"are NaN and the reason is in the 'error' column (first: row {min(bad)}: {bad[min(bad)]})",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
-        # 3) the DataFrame
-        # Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
-        # inferred as object, and concat / parquet would then change dtypes between results.
-        text = "str" if int(pd.__version__.split(".")[0]) >= 3 else object
-        prompts = [prompt_texts[p] for p in rows // n] if prompt_texts is not None else [None] * n_rows
-        data: dict[str, Any] = {
-            "prompt_index": rows // n,
-            "sample_index": rows % n,
-            "prompt": pd.Series(prompts, dtype=text),
-            "completion": pd.Series(parsed.completions, dtype=text),
-            "finish_reason": pd.Series(cols["finish_reason"], dtype=text),
-            "matched_stop": pd.Series(cols["matched_stop"], dtype=object),
-            "prompt_tokens": np.asarray(cols["prompt_tokens"], np.int64),
-            "completion_tokens": np.asarray(cols["completion_tokens"], np.int64),
-            "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
-            "logprob_sum": parsed.logprob_sum,
-            "logprob_mean": parsed.logprob_mean,
-            "latency_s": np.asarray(cols["latency_s"], np.float64),
-            "weight_version": pd.Series(cols["weight_version"], dtype=text),
-            "rid": pd.Series(cols["rid"], dtype=text),
-            "error": pd.Series(cols["error"], dtype=text),
-        }
-        data.update({k: list(v) for k, v in extra.items()})
-        return cls(
-            df=pd.DataFrame(data),
-            prompt_ids=parsed.prompt_ids,
-            prompt_offsets=parsed.prompt_offsets,
-            response_ids=parsed.response_ids,
-            response_offsets=parsed.response_offsets,
-            meta_info=parsed.meta_info,
-            pad_token_id=int(pad_token_id),
-            logprobs=parsed.logprobs,
-            top_logprobs=parsed.top_logprobs,
-            top_ids=parsed.top_ids,
-            token_texts=parsed.token_texts,
-            prompt_logprobs=parsed.prompt_logprobs,
-            model=model,
-            sampling=sampling,
-            decode=decode,
-        )
-
-    @staticmethod
-    def failed_response(message: str, *, reason: str = "error", rid: str | None = None) -> dict[str, Any]:
-        """A response entry for a sample that failed or was aborted before the server answered.
-
-        Pass it to `from_responses` in the sample's place: the row is kept, with empty output,
-        finish_reason `reason` ("error" or "abort") and `message` in the `error` column.
-        """
-        return failed_entry(message, reason=reason, rid=rid)
 
     # -- rows and selection ----------------------------------------------------------------------
     @property
@@ -336,7 +222,9 @@ class Rollouts:
     def _take(self, rows: np.ndarray) -> Rollouts:
         p_off, p_take = gather_rows(self._p_off, rows)
         r_off, r_take = gather_rows(self._r_off, rows)
-        pick = lambda a, take: None if a is None else a[take]  # noqa: E731
+        def pick(a: np.ndarray | None, take: np.ndarray) -> np.ndarray | None:
+            return None if a is None else a[take]
+
         out = type(self)(
             df=self._checked_df().iloc[rows].reset_index(drop=True),
             prompt_ids=self._p_ids[p_take],
@@ -387,7 +275,7 @@ class Rollouts:
                 shifted.append(d)
             dfs = shifted
         k = ks.pop() if ks else 0
-        fills = {  # what a row without the field gets: NaN means "not returned"
+        fills: dict[str, Callable[[int], np.ndarray]] = {  # what a row without the field gets: NaN = "not returned"
             "logprobs": lambda t: np.full(t, np.nan, np.float32),
             "top_logprobs": lambda t: np.full((t, k), np.nan, np.float32),
             "top_ids": lambda t: np.full((t, k), items[0].pad_token_id, np.int64),
@@ -542,7 +430,22 @@ class Rollouts:
         out.meta_info = list(self.meta_info)
         return out
 
-    # -- per-row token access (for display and debugging) ----------------------------------------
+    # -- summaries and per-row token access (for display and debugging) --------------------------
+    @property
+    def n_tokens(self) -> int:
+        """Response tokens over all rows."""
+        return int(self._r_off[-1])
+
+    @property
+    def has_logprobs(self) -> bool:
+        """Whether any row has response logprobs."""
+        return self._lp is not None
+
+    @property
+    def extra_columns(self) -> list[str]:
+        """The df's columns beyond the built-in ones (added by the client or by you), in order."""
+        return [c for c in self._df.columns if c not in COLUMNS]
+
     def tokens(self, i: int) -> dict[str, Any]:
         """Row i's response tokens: ids, logprobs, token texts, top-k (None where absent).
 
@@ -550,7 +453,10 @@ class Rollouts:
         """
         i = int(self._index(i)[0])
         a, b = int(self._r_off[i]), int(self._r_off[i + 1])
-        sl = lambda x: None if x is None else x[a:b]  # noqa: E731
+
+        def sl(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else x[a:b]
+
         return {
             "ids": self._r_ids[a:b],
             "logprobs": sl(self._lp),
@@ -587,9 +493,8 @@ class Rollouts:
     def from_parquet(cls, path: str | os.PathLike[str]) -> Rollouts:
         """Read a file written by `to_parquet`."""
         stored = read_parquet(path, _FIELDS)
-        fields, header = stored.fields, stored.header  # fields: one constructor argument per name
-        if fields["token_texts"] is not None:
-            fields["token_texts"] = fields["token_texts"].astype(object)
+        fields, header = stored.fields, stored.header
+        texts = fields["token_texts"]
         return cls(
             df=stored.df,
             prompt_ids=stored.prompt[0],
@@ -600,7 +505,11 @@ class Rollouts:
             pad_token_id=int(header["pad_token_id"]),
             model=header.get("model", ""),
             sampling=header.get("sampling"),
-            **fields,
+            logprobs=fields["logprobs"],
+            top_logprobs=fields["top_logprobs"],
+            top_ids=fields["top_ids"],
+            token_texts=None if texts is None else texts.astype(object),
+            prompt_logprobs=fields["prompt_logprobs"],
         )
 
     # -- display ---------------------------------------------------------------------------------
@@ -613,3 +522,105 @@ class Rollouts:
         from ._display import rollouts_html
 
         return rollouts_html(self)
+
+
+@gc_paused()
+def rollouts_from_responses(
+    responses: Sequence[dict[str, Any] | None],
+    *,
+    prompt_ids: Sequence[Sequence[int]],
+    prompt_texts: Sequence[str | None] | None = None,
+    n: int = 1,
+    pad_token_id: int,
+    extra: Mapping[str, Sequence[Any]] | None = None,
+    model: str = "",
+    sampling: dict[str, Any] | None = None,
+    decode: Callable[[list[int]], list[str]] | None = None,
+) -> Rollouts:
+    """Build from SGLang `/generate` entries, `n` per prompt, prompt-major.
+
+    Args:
+        responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
+            prompt-major order. A failed sample is None or `failed_entry(...)` (`_response_arrays`);
+            it still gets a row (finish_reason "error"/"abort", empty output).
+        prompt_ids: token ids of each prompt (len = number of prompts).
+        prompt_texts: each prompt's text (None for prompts given as ids).
+        n: samples per prompt.
+        pad_token_id: the value used to pad id tensors.
+        extra: per-row columns to add (e.g. "ttft_s"), each of length len(responses).
+        model, sampling: recorded on the result (and in parquet).
+        decode: optional display helper, ids -> per-token strings.
+
+    Raises:
+        ValueError / TypeError: inconsistent counts or malformed input.
+    """
+    import pandas as pd
+
+    # 1) validate the shape of the input
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
+    n_prompts, n_rows = len(prompt_ids), len(responses)
+    if n_rows != n_prompts * n:
+        raise ValueError(f"expected {n_prompts} prompts x n={n} = {n_prompts * n} responses, got {n_rows}")
+    if prompt_texts is not None and len(prompt_texts) != n_prompts:
+        raise ValueError(f"prompt_texts has {len(prompt_texts)} entries for {n_prompts} prompts")
+    extra = dict(extra or {})
+    for name, values in extra.items():
+        if name in COLUMNS:
+            raise ValueError(f"extra column {name!r} clashes with a built-in column")
+        if len(values) != n_rows:
+            raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
+
+    # 2) per-row values and flat token arrays (_response_arrays.py)
+    parsed = parse_responses(responses, prompt_ids, n, int(pad_token_id))
+    bad, cols, rows = parsed.bad, parsed.rows, np.arange(n_rows, dtype=np.int64)
+    if bad:
+        warnings.warn(
+            f"{len(bad)} row(s) had logprobs that do not line up with their tokens; their logprobs "
+            f"are NaN and the reason is in the 'error' column (first: row {min(bad)}: {bad[min(bad)]})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    # 3) the DataFrame
+    # Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
+    # inferred as object, and concat / parquet would then change dtypes between results.
+    text = "str" if int(pd.__version__.split(".")[0]) >= 3 else object
+    prompts = [prompt_texts[int(p)] for p in rows // n] if prompt_texts is not None else [None] * n_rows
+    data: dict[str, Any] = {
+        "prompt_index": rows // n,
+        "sample_index": rows % n,
+        "prompt": pd.Series(prompts, dtype=text),
+        "completion": pd.Series(parsed.completions, dtype=text),
+        "finish_reason": pd.Series(cols["finish_reason"], dtype=text),
+        "matched_stop": pd.Series(cols["matched_stop"], dtype=object),
+        "prompt_tokens": np.asarray(cols["prompt_tokens"], np.int64),
+        "completion_tokens": np.asarray(cols["completion_tokens"], np.int64),
+        "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
+        "logprob_sum": parsed.logprob_sum,
+        "logprob_mean": parsed.logprob_mean,
+        "latency_s": np.asarray(cols["latency_s"], np.float64),
+        "weight_version": pd.Series(cols["weight_version"], dtype=text),
+        "rid": pd.Series(cols["rid"], dtype=text),
+        "error": pd.Series(cols["error"], dtype=text),
+    }
+    data.update({k: list(v) for k, v in extra.items()})
+    return Rollouts(
+        df=pd.DataFrame(data),
+        prompt_ids=parsed.prompt_ids,
+        prompt_offsets=parsed.prompt_offsets,
+        response_ids=parsed.response_ids,
+        response_offsets=parsed.response_offsets,
+        meta_info=parsed.meta_info,
+        pad_token_id=int(pad_token_id),
+        logprobs=parsed.logprobs,
+        top_logprobs=parsed.top_logprobs,
+        top_ids=parsed.top_ids,
+        token_texts=parsed.token_texts,
+        prompt_logprobs=parsed.prompt_logprobs,
+        model=model,
+        sampling=sampling,
+        decode=decode,
+    )

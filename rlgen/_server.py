@@ -8,7 +8,7 @@ file and run directory, its registry record, its readiness and start-up phase re
 
 Knows nothing about /generate payloads, sampling parameters, tokenizers or results: to this module
 a server is an argv that binds `--host H --port N` and answers `GET /health_generate` with 200
-once it can generate. Delegates: checking the options to `_server_config.py`; spawning, stopping
+once it can generate. Delegates: checking the options to `_launch_options.py`; spawning, stopping
 and reaping the process tree (own session, parent-death signal, SIGTERM/SIGKILL, `reap()`) to
 `_process_tree.py`; reading the log (phases, tails, hints) to `_server_log.py`.
 
@@ -38,7 +38,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -47,8 +46,8 @@ from pathlib import Path
 
 from . import _process_tree, _registry, _server_log
 from ._errors import ServerDiedError, ServerStartupError
+from ._launch_options import LaunchOptions
 from ._process_tree import ProcessTree, ShutdownReport, reap, wait_gpu_memory_released
-from ._server_config import LaunchConfig
 from ._server_log import PHASES
 
 __all__ = [
@@ -58,7 +57,6 @@ __all__ = [
     "ShutdownReport",
     "launch_server",
     "list_servers",
-    "print_phase",
     "reap",
     "wait_gpu_memory_released",
 ]
@@ -111,7 +109,7 @@ def launch_server(
             takes minutes (kernel compilation, CUDA-graph capture).
         health_path: the readiness probe; `/health_generate` runs a real one-token generation.
         on_phase: called about every 0.5 s while starting with (phase, seconds since launch);
-            phase is one of PHASES and only moves forward. `print_phase` is a ready-made one.
+            phase is one of PHASES and only moves forward.
         grace: seconds between SIGTERM and SIGKILL when the server is closed.
         _pdeathsig: private, for tests: False launches without the parent-death signal, as on a
             platform that lacks one.
@@ -125,7 +123,7 @@ def launch_server(
     parent-death signal follows the forking thread); from any other thread the spawn is handed to
     a long-lived thread of `_process_tree`.
     """
-    config = LaunchConfig.validated(
+    config = LaunchOptions.validated(
         argv=argv,
         host=host,
         port=port,
@@ -142,13 +140,6 @@ def launch_server(
     return server
 
 
-def print_phase(phase: str, elapsed_s: float) -> None:
-    """A default `on_phase`: one line on stderr, rewritten in place with a carriage return."""
-    end = "\n" if phase == "ready" else ""
-    sys.stderr.write(f"\r[rlgen] server: {phase:<22} {elapsed_s:6.1f} s{end}")
-    sys.stderr.flush()
-
-
 # ---------------------------------------------------------------------------------------------
 # The server object
 
@@ -160,7 +151,7 @@ class ServerProcess:
     the object is garbage-collected or the interpreter exits.
     """
 
-    def __init__(self, config: LaunchConfig) -> None:
+    def __init__(self, config: LaunchOptions) -> None:
         self._config = config
         self._state = ServerState.STARTING
         self._run_dir = _new_run_dir(config.log_dir)
@@ -414,7 +405,7 @@ def _connect_host(host: str) -> str:
 # Spawning
 
 
-def _spawn(config: LaunchConfig, port: int, log_path: Path, attempt: int) -> ProcessTree:
+def _spawn(config: LaunchOptions, port: int, log_path: Path, attempt: int) -> ProcessTree:
     """Start one attempt: the child in its own session, its output to `log_path`."""
     cmd = [*config.argv, "--host", config.host, "--port", str(port)]
     env = dict(os.environ)
@@ -435,7 +426,7 @@ def _spawn(config: LaunchConfig, port: int, log_path: Path, attempt: int) -> Pro
     return tree
 
 
-def _register(tree: ProcessTree, config: LaunchConfig, port: int, log_path: Path) -> None:
+def _register(tree: ProcessTree, config: LaunchOptions, port: int, log_path: Path) -> None:
     """Write the registry record of a freshly spawned tree (removed again by `ProcessTree.stop`)."""
     proc = tree.proc
     owner_pid, owner_start = _registry.owner_identity()
@@ -469,7 +460,7 @@ class _PortClash(Exception):
 
 
 def _wait_ready(
-    tree: ProcessTree, config: LaunchConfig, *, port: int, log_path: Path, t0: float, deadline: float
+    tree: ProcessTree, config: LaunchOptions, *, port: int, log_path: Path, t0: float, deadline: float
 ) -> None:
     """Poll until the health probe answers 200 from *our* process; raise on death or timeout."""
     phases = _server_log.PhaseTracker(log_path)

@@ -22,14 +22,13 @@ __all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG
            "server_argv"]
 
 # Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
-# reserved 69 GB of KV cache for a 135M model on an H200; 0.2 left it ~30 GB in all (measured
-# 2026-11-30), leaving the rest for the notebook's own torch work.
+# fills a large GPU with KV cache whatever the model's size; a notebook shares its GPU with its
+# own torch work, and a small model's batches fit well within a fifth (docs/benchmarks.md).
 DEFAULT_GPU_MEMORY_FRACTION = 0.2
-# Largest decode batch SGLang captures a CUDA graph for. SGLang picks 256 on an H200 (80-160 GB)
-# whatever the model; a batch above it decodes eagerly. Measured 2026-11-30 (H200, SGLang 0.5.17,
-# docs/benchmarks.md): 512 chat prompts with natural stops ran at 37k tok/s with graphs to 512
-# against 17k with SGLang's 256, for 1 s more start-up and 0.07 GB more memory. With rlgen's small
-# memory share the graphs' memory is not what limits the batch.
+# Largest decode batch SGLang captures a CUDA graph for. SGLang picks 256 on an 80-160 GB GPU
+# whatever the model, and a batch above it decodes eagerly, several times slower; rlgen's users run
+# large batches of small models, for which graphs to 512 cost about a second of start-up and little
+# memory (docs/benchmarks.md has the measurements).
 DEFAULT_DECODE_GRAPH_MAX_BS = 512
 # Flags by which the user or the site has chosen the decode graphs themselves.
 _GRAPH_FLAGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-bs", "--cuda-graph-bs-decode",
@@ -82,9 +81,9 @@ def server_argv(
     if not any(_has_flag(site + user, flag) for flag in _GRAPH_FLAGS):
         defaults += ["--cuda-graph-max-bs-decode", str(DEFAULT_DECODE_GRAPH_MAX_BS)]
     if fast_start:
-        # Measured on an H200 (SGLang 0.5.17, docs/benchmarks.md): prefill-graph capture (6.5 s)
-        # and the warm-up request are the part of a restart that can go; decode graphs (4 s)
-        # stay, because without them decode ran 6x slower (7.9k vs 50k tok/s).
+        # Prefill-graph capture and the warm-up request are the part of a restart that can go;
+        # decode graphs stay, because decode without them is several times slower
+        # (docs/benchmarks.md).
         defaults += ["--disable-prefill-cuda-graph", "--skip-server-warmup"]
     if enable_memory_saver:
         defaults.append("--enable-memory-saver")

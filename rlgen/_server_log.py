@@ -21,11 +21,11 @@ from typing import TypeVar
 from ._errors import ServerStartupError, ServerStartupTimeout
 
 __all__ = [
-    "LogFollower",
     "LOG_HEADER",
     "PHASES",
     "PORT_IN_USE_HINT",
     "TAIL_LINES",
+    "LogFollower",
     "PhaseTracker",
     "describe_exit",
     "is_port_clash",
@@ -67,8 +67,8 @@ _HINTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^\s*(?:ModuleNotFoundError|ImportError): No module named 'sglang'",
          "SGLang is not installed in the server's Python: pip install 'rlgen[sglang]'"),
         (
-            # SGLang 0.5.17, seen on an H200 when two servers started on one GPU at the same time:
-            # each counted the other's allocations while sizing its KV cache.
+            # SGLang 0.5.17, when two servers start on one GPU at the same time: each counts the
+            # other's allocations while sizing its KV cache.
             r"Loaded weights leave no GPU memory for the KV cache",
             "no GPU memory was left for the KV cache: another process took memory while the server "
             "measured it (engines started at the same time on one GPU?): start engines one after "

@@ -16,7 +16,8 @@ from rlgen._display import (
     progress_enabled,
     rollouts_html,
 )
-from rlgen._results import Rollouts
+from rlgen._response_arrays import failed_entry
+from rlgen._results import Rollouts, rollouts_from_responses
 
 
 def entry(ids: list[int], *, finish: str = "stop", texts: list[str] | None = None, lp: float = -0.05) -> dict:
@@ -31,7 +32,7 @@ def entry(ids: list[int], *, finish: str = "stop", texts: list[str] | None = Non
 
 
 def make(n_rows: int = 2, **kw) -> Rollouts:
-    return Rollouts.from_responses(
+    return rollouts_from_responses(
         [entry([5, 6], **kw) for _ in range(n_rows)],
         prompt_ids=[[1, 2]] * n_rows,
         prompt_texts=["say <hi> & bye"] * n_rows,
@@ -62,7 +63,7 @@ def test_html_caps_rows_and_says_how_many_are_hidden():
 
 
 def test_html_cuts_long_token_runs_and_keeps_the_end_of_long_prompts():
-    res = Rollouts.from_responses(
+    res = rollouts_from_responses(
         [entry(list(range(10, 60)))], prompt_ids=[[1]], prompt_texts=["x" * 500 + "THE END"], pad_token_id=0
     )
     page = rollouts_html(res, max_tokens=10, max_chars=50)
@@ -108,8 +109,8 @@ def test_empty_token_texts_are_shown_as_their_id_so_they_stay_visible():
 
 
 def test_html_shows_finish_reason_errors_and_user_columns():
-    res = Rollouts.from_responses(
-        [entry([5]), Rollouts.failed_response("server <gone>")], prompt_ids=[[1], [2]], pad_token_id=0
+    res = rollouts_from_responses(
+        [entry([5]), failed_entry("server <gone>")], prompt_ids=[[1], [2]], pad_token_id=0
     )
     res.df["reward"] = [0.5, 0.25]
     page = res._repr_html_()

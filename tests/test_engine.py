@@ -339,22 +339,12 @@ def test_many_prompts_go_in_chunks_and_every_one_gets_its_row(engine) -> None:
     assert res.df.completion_tokens.tolist() == [1] * 40
 
 
-@pytest.mark.parametrize(("info", "capacity"), [
-    ({"internal_states": [{"effective_max_running_requests_per_dp": 4096}]}, 4096),
-    ({"internal_states": [{"effective_max_running_requests_per_dp": 512}] * 2}, 1024),  # --dp-size 2
-    ({"internal_states": [{"num_running_reqs": 0}]}, None),  # an older server
-    ({}, None),  # a router
-])
-def test_the_servers_running_capacity_is_read_from_its_info(info: dict, capacity: int | None) -> None:
-    assert rlgen._engine._running_capacity(info) == capacity
-
-
 def test_by_default_enough_chunks_go_out_at_once_to_fill_the_batch_the_server_runs(engine) -> None:
-    capacity = engine._server_info["internal_states"][0]["effective_max_running_requests_per_dp"]
+    capacity = engine.server_info["internal_states"][0]["effective_max_running_requests_per_dp"]
     assert isinstance(capacity, int) and capacity > 1  # SGLang and the CPU backend both report it
-    job, _, _ = engine._prepare_from_options(["a", "b"], {"chunk_size": 2, "n": 2})
+    job, _, _ = engine._prepare(["a", "b"], {"chunk_size": 2, "n": 2})
     assert job.max_in_flight == -(-capacity // 4) + 1  # the whole running batch, plus one chunk queued
-    job, _, _ = engine._prepare_from_options(["a", "b"], {"chunk_size": 2, "max_in_flight": 3})
+    job, _, _ = engine._prepare(["a", "b"], {"chunk_size": 2, "max_in_flight": 3})
     assert job.max_in_flight == 3
 
 
@@ -392,7 +382,9 @@ def test_stream_yields_the_text_as_it_is_generated(engine) -> None:
     ({"temprature": 0.5}, TypeError, "did you mean 'temperature'"),
     ({"n": 0}, ValueError, "n must be an int >= 1"),
     ({"top_logprobs": -1}, ValueError, "top_logprobs must be an int >= 0"),
-    ({"chunk_size": True}, ValueError, "chunk_size must be an int >= 1"),
+    ({"chunk_size": True}, TypeError, "chunk_size must be an int, got bool"),
+    ({"stop": [1]}, TypeError, "stop must contain only str values"),
+    ({"frequency_penalty": 0.5}, TypeError, "sampling_params="),
     ({"temperature": -1}, ValueError, "temperature must be >= 0"),
     ({"top_p": 0}, ValueError, "top_p"),
     ({"max_new_tokens": 10_000}, ValueError, "context"),
@@ -481,13 +473,3 @@ def test_each_row_of_a_batch_has_its_own_latency(engine) -> None:
     tokens, latency = res.df.completion_tokens.tolist(), res.df.latency_s.tolist()
     assert tokens[0] < tokens[2]  # the chat answer stops early, the story runs to max_new_tokens
     assert 0 < latency[0] < latency[2]
-
-
-def test_agenerate_and_stream_default_to_what_generate_declares() -> None:
-    # agenerate/stream take **options and fill the missing ones from _GENERIC_DEFAULTS
-    import inspect
-
-    from rlgen._engine import _GENERIC_DEFAULTS
-
-    declared = inspect.signature(rlgen.Engine.generate).parameters
-    assert {name: declared[name].default for name in _GENERIC_DEFAULTS} == _GENERIC_DEFAULTS

@@ -6,6 +6,7 @@ Uses a stand-in client (no server): the end-to-end paths are in test_engine.py.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -41,9 +42,15 @@ def _start_then_cancel(client: HangingClient, job: GenerateJob) -> None:
     asyncio.run(main())
 
 
+def make_job(**fields: Any) -> GenerateJob:
+    """A job with these fields; the rest as a plain generate() call would send them."""
+    return GenerateJob(**{"n": 1, "logprobs": True, "top_logprobs": 0, "stream": False, "chunk_size": 256,
+                          "max_in_flight": FALLBACK_IN_FLIGHT, **fields})
+
+
 def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
     client = HangingClient()
-    job = GenerateJob(prompt_ids=[[1, 2], [3], [4, 5]], sampling={"max_new_tokens": 4}, chunk_size=2)
+    job = make_job(prompt_ids=[[1, 2], [3], [4, 5]], sampling={"max_new_tokens": 4}, chunk_size=2)
     _start_then_cancel(client, job)
     sent = [rid for payload in client.sent for rid in payload["rid"]]
     assert len(sent) == 3 and client.aborted == sent
@@ -53,7 +60,7 @@ def test_cancelling_aborts_every_rid_still_in_flight_on_the_server() -> None:
 def test_n_samples_go_as_n_copies_of_each_prompt_with_their_own_rids_and_are_aborted_by_them() -> None:
     # Not SGLang's `n`: for a batch with n > 1 it prefills the prompts one at a time, awaiting each.
     client = HangingClient()
-    job = GenerateJob(prompt_ids=[[1, 2], [3]], sampling={"max_new_tokens": 4}, n=2)
+    job = make_job(prompt_ids=[[1, 2], [3]], sampling={"max_new_tokens": 4}, n=2)
     _start_then_cancel(client, job)
     (payload,) = client.sent
     assert payload["input_ids"] == [[1, 2], [1, 2], [3], [3]]
@@ -63,7 +70,7 @@ def test_n_samples_go_as_n_copies_of_each_prompt_with_their_own_rids_and_are_abo
 
 def test_n_samples_with_a_seed_get_one_seed_each() -> None:
     client = HangingClient()
-    job = GenerateJob(prompt_ids=[[1, 2]], sampling={"max_new_tokens": 4, "sampling_seed": 7}, n=3)
+    job = make_job(prompt_ids=[[1, 2]], sampling={"max_new_tokens": 4, "sampling_seed": 7}, n=3)
     _start_then_cancel(client, job)
     (payload,) = client.sent
     assert payload["input_ids"] == [[1, 2]] * 3
@@ -101,7 +108,7 @@ def test_the_default_in_flight_fills_the_servers_running_batch_plus_one_chunk(
 @pytest.mark.parametrize("max_in_flight", [1, 3, 8])
 def test_max_in_flight_bounds_the_requests_sent_at_once(max_in_flight: int) -> None:
     client = CountingClient()
-    job = GenerateJob(prompt_ids=[[i] for i in range(40)], sampling={"max_new_tokens": 1}, n=2,
+    job = make_job(prompt_ids=[[i] for i in range(40)], sampling={"max_new_tokens": 1}, n=2,
                       chunk_size=4, max_in_flight=max_in_flight)
     asyncio.run(run_generate(client, job))  # type: ignore[arg-type]
     assert client.most == max_in_flight  # 10 chunks: the bound is reached, never passed

@@ -73,3 +73,16 @@ def test_token_ids_outside_the_vocabulary_name_the_prompt(tok) -> None:
 def test_a_prompt_that_does_not_fit_the_context_names_the_prompt_and_the_fix(tok) -> None:
     with pytest.raises(ValueError, match=r"prompt 0 has 100 tokens; with max_new_tokens=30 .* context of 120"):
         norm([[5] * 100], tok, context=120, max_new=30)
+
+
+@pytest.mark.parametrize("role, hint", [("usr", "did you mean 'user'"), ("User", "did you mean 'user'"),
+                                        ("asistant", "did you mean 'assistant'"), ("wizard", "roles are")])
+def test_an_unknown_chat_role_is_refused_before_sending_with_a_suggestion(tok, role: str, hint: str) -> None:
+    with pytest.raises(ValueError, match=f"unknown chat role '{role}'; {hint}"):
+        norm([[{"role": role, "content": "hi"}]], tok)
+
+
+def test_every_usual_chat_role_is_accepted(tok) -> None:
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
+    assert "Be brief." in norm([chat], tok).texts[0]

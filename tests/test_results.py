@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from rlgen._results import Rollouts, compare_logprobs
+from rlgen import compare_logprobs
+from rlgen._response_arrays import failed_entry
+from rlgen._results import Rollouts, rollouts_from_responses
 
 PAD = 0
 
@@ -65,7 +67,7 @@ def two_by_two(**kw) -> Rollouts:
         entry([], finish="abort", **kw),
         entry([1, 2, 3, 4], matched="###", **kw),
     ]
-    return Rollouts.from_responses(
+    return rollouts_from_responses(
         responses, prompt_ids=PROMPTS, prompt_texts=["first <b>", None], n=2, pad_token_id=PAD, model="tiny"
     )
 
@@ -74,13 +76,13 @@ def two_by_two(**kw) -> Rollouts:
 
 
 def test_prompt_ids_are_left_padded_with_the_pad_token_and_masked():
-    res = Rollouts.from_responses([entry([1]), entry([2])], prompt_ids=[[7, 8, 9], [4]], n=1, pad_token_id=-1)
+    res = rollouts_from_responses([entry([1]), entry([2])], prompt_ids=[[7, 8, 9], [4]], n=1, pad_token_id=-1)
     assert res.prompt_ids.tolist() == [[7, 8, 9], [-1, -1, 4]]
     assert res.prompt_mask.tolist() == [[True, True, True], [False, False, True]]
 
 
 def test_response_ids_are_right_padded_with_the_pad_token_and_masked():
-    res = Rollouts.from_responses([entry([1, 2, 3]), entry([4])], prompt_ids=[[7], [8]], n=1, pad_token_id=-1)
+    res = rollouts_from_responses([entry([1, 2, 3]), entry([4])], prompt_ids=[[7], [8]], n=1, pad_token_id=-1)
     assert res.response_ids.tolist() == [[1, 2, 3], [4, -1, -1]]
     assert res.response_mask.tolist() == [[True, True, True], [True, False, False]]
 
@@ -168,10 +170,10 @@ def test_failed_and_aborted_samples_keep_a_row_with_empty_output():
     responses = [
         entry([5]),
         None,
-        Rollouts.failed_response("client timeout", reason="abort", rid="r-3"),
+        failed_entry("client timeout", reason="abort", rid="r-3"),
         {"error": {"message": "bad request"}},
     ]
-    res = Rollouts.from_responses(responses, prompt_ids=[[1, 2], [3]], n=2, pad_token_id=PAD)
+    res = rollouts_from_responses(responses, prompt_ids=[[1, 2], [3]], n=2, pad_token_id=PAD)
     assert len(res) == 4
     assert res.df.finish_reason.tolist() == ["stop", "error", "abort", "error"]
     assert res.df.error.iloc[2] == "client timeout" and res.df.error.iloc[3] == "bad request"
@@ -183,7 +185,7 @@ def test_failed_and_aborted_samples_keep_a_row_with_empty_output():
 
 def test_failed_response_rejects_an_unknown_reason():
     with pytest.raises(ValueError, match="reason"):
-        Rollouts.failed_response("x", reason="stop")
+        failed_entry("x", reason="stop")
 
 
 def test_logprob_sum_and_mean_are_computed_per_row_and_nan_without_logprobs():
@@ -199,7 +201,7 @@ def test_logprob_sum_and_mean_are_computed_per_row_and_nan_without_logprobs():
 
 def test_rows_without_logprobs_among_rows_with_them_get_nan_at_real_positions_only():
     responses = [entry([4, 5]), entry([6, 7, 8], logprobs=False)]
-    res = Rollouts.from_responses(responses, prompt_ids=[[1], [2]], pad_token_id=PAD)
+    res = rollouts_from_responses(responses, prompt_ids=[[1], [2]], pad_token_id=PAD)
     assert torch.isnan(res.logprobs[1]).tolist() == [True, True, True]
     assert not torch.isnan(res.logprobs[0]).any() and res.logprobs[0, 2].item() == 0.0
     assert math.isnan(res.df.logprob_sum.iloc[1]) and not math.isnan(res.df.logprob_sum.iloc[0])
@@ -208,7 +210,7 @@ def test_rows_without_logprobs_among_rows_with_them_get_nan_at_real_positions_on
 def test_output_ids_fall_back_to_the_logprob_token_ids():
     e = entry([4, 5, 6])
     del e["output_ids"]
-    res = Rollouts.from_responses([e], prompt_ids=[[1]], pad_token_id=PAD)
+    res = rollouts_from_responses([e], prompt_ids=[[1]], pad_token_id=PAD)
     assert res.response_ids.tolist() == [[4, 5, 6]]
 
 
@@ -218,7 +220,7 @@ def test_misaligned_logprobs_become_nan_with_a_warning_and_an_error_note():
     shifted = entry([7, 8])
     shifted["meta_info"]["output_token_logprobs"][0][1] = 99
     with pytest.warns(RuntimeWarning, match="do not line up"):
-        res = Rollouts.from_responses([short, shifted, entry([3])], prompt_ids=[[1], [2], [3]], pad_token_id=PAD)
+        res = rollouts_from_responses([short, shifted, entry([3])], prompt_ids=[[1], [2], [3]], pad_token_id=PAD)
     assert torch.isnan(res.logprobs[0, :3]).all() and torch.isnan(res.logprobs[1, :2]).all()
     assert not torch.isnan(res.logprobs[2]).any()
     assert "2 output logprobs for 3 output ids" in res.df.error.iloc[0]
@@ -230,7 +232,7 @@ def test_prompt_logprobs_align_to_the_end_of_the_prompt_with_nan_first():
     full = entry([5], input_ids=[11, 12, 13])
     tail = entry([6], input_ids=[22, 23])  # logprob_start_len=1: the server skipped the first token
     tail["meta_info"]["input_token_logprobs"][0][0] = lp_of(22, 1)
-    res = Rollouts.from_responses([full, tail], prompt_ids=[[11, 12, 13], [21, 22, 23, 24][:3]], pad_token_id=PAD)
+    res = rollouts_from_responses([full, tail], prompt_ids=[[11, 12, 13], [21, 22, 23, 24][:3]], pad_token_id=PAD)
     pl = res.prompt_logprobs
     assert math.isnan(pl[0, 0]) and pl[0, 1].item() == pytest.approx(lp_of(12, 1), abs=1e-6)
     assert math.isnan(pl[1, 0]) and pl[1, 1].item() == pytest.approx(lp_of(22, 1), abs=1e-6)
@@ -254,7 +256,7 @@ def test_token_texts_from_the_server_are_kept_for_display():
 
 def test_from_responses_rejects_a_response_count_that_is_not_prompts_times_n():
     with pytest.raises(ValueError, match="2 prompts x n=2"):
-        Rollouts.from_responses([entry([1])] * 3, prompt_ids=PROMPTS, n=2, pad_token_id=PAD)
+        rollouts_from_responses([entry([1])] * 3, prompt_ids=PROMPTS, n=2, pad_token_id=PAD)
 
 
 @pytest.mark.parametrize("bad", [{"n": 0}, {"n": True}, {"pad_token_id": 1.5}, {"prompt_texts": ["only one"]}])
@@ -262,22 +264,22 @@ def test_from_responses_rejects_bad_options(bad):
     kwargs = {"prompt_ids": PROMPTS, "n": 1, "pad_token_id": PAD, **bad}
     n = kwargs["n"] if isinstance(kwargs["n"], int) and kwargs["n"] > 0 else 1
     with pytest.raises((ValueError, TypeError)):
-        Rollouts.from_responses([entry([1])] * (2 * n), **kwargs)
+        rollouts_from_responses([entry([1])] * (2 * n), **kwargs)
 
 
 def test_from_responses_rejects_non_dict_entries():
     with pytest.raises(TypeError, match="response 1"):
-        Rollouts.from_responses([entry([1]), "oops"], prompt_ids=[[1], [2]], pad_token_id=PAD)
+        rollouts_from_responses([entry([1]), "oops"], prompt_ids=[[1], [2]], pad_token_id=PAD)
 
 
 def test_extra_columns_are_added_after_the_built_in_ones_and_validated():
     responses = [entry([1]), entry([2])]
-    res = Rollouts.from_responses(responses, prompt_ids=[[1], [2]], pad_token_id=PAD, extra={"ttft_s": [0.1, 0.2]})
+    res = rollouts_from_responses(responses, prompt_ids=[[1], [2]], pad_token_id=PAD, extra={"ttft_s": [0.1, 0.2]})
     assert res.df.columns[-1] == "ttft_s" and res.df.ttft_s.tolist() == [0.1, 0.2]
     with pytest.raises(ValueError, match="1 values for 2 rows"):
-        Rollouts.from_responses([entry([1]), entry([2])], prompt_ids=[[1], [2]], pad_token_id=PAD, extra={"x": [1]})
+        rollouts_from_responses([entry([1]), entry([2])], prompt_ids=[[1], [2]], pad_token_id=PAD, extra={"x": [1]})
     with pytest.raises(ValueError, match="clashes"):
-        Rollouts.from_responses([entry([1])], prompt_ids=[[1]], pad_token_id=PAD, extra={"rid": ["a"]})
+        rollouts_from_responses([entry([1])], prompt_ids=[[1]], pad_token_id=PAD, extra={"rid": ["a"]})
 
 
 # -- selection -----------------------------------------------------------------------------------
@@ -362,7 +364,7 @@ def test_an_in_place_reorder_of_df_is_detected_before_it_misaligns_a_selection()
 
 def test_concat_repads_and_keeps_prompt_index_unless_renumbered():
     a = two_by_two()
-    b = Rollouts.from_responses([entry(list(range(1, 7)))], prompt_ids=[[1, 2, 3, 4, 5]], pad_token_id=PAD)
+    b = rollouts_from_responses([entry(list(range(1, 7)))], prompt_ids=[[1, 2, 3, 4, 5]], pad_token_id=PAD)
     both = Rollouts.concat([a, b])
     assert len(both) == 5
     assert both.response_ids.shape == (5, 6) and both.prompt_ids.shape == (5, 5)
@@ -383,7 +385,7 @@ def test_concat_fills_fields_missing_from_one_input_with_nan():
 
 def test_concat_refuses_different_pad_ids_and_top_k_sizes():
     a = two_by_two()
-    b = Rollouts.from_responses([entry([1])], prompt_ids=[[1]], pad_token_id=5)
+    b = rollouts_from_responses([entry([1])], prompt_ids=[[1]], pad_token_id=5)
     with pytest.raises(ValueError, match="pad_token_id"):
         Rollouts.concat([a, b])
     with pytest.raises(ValueError, match="top-k"):
@@ -411,10 +413,10 @@ def test_parquet_round_trip_is_exact(tmp_path):
     responses = [
         entry([5, 6, 7], matched=7, top_k=2, text_in_logprobs=True, input_ids=[101, 102, 103]),
         entry([9], finish="length", top_k=2, text_in_logprobs=True, input_ids=[101, 102, 103]),
-        Rollouts.failed_response("boom"),
+        failed_entry("boom"),
         entry([1, 2, 3, 4], matched="###", top_k=2, text_in_logprobs=True, input_ids=[201]),
     ]
-    res = Rollouts.from_responses(
+    res = rollouts_from_responses(
         responses,
         prompt_ids=PROMPTS,
         prompt_texts=["first <b>", None],
@@ -492,7 +494,7 @@ def test_compare_logprobs_needs_a_mask_for_plain_tensors_and_the_same_tokens_for
     with pytest.raises(ValueError, match="mask"):
         compare_logprobs(res.logprobs, res.logprobs)
     assert compare_logprobs(res.logprobs, res.logprobs, mask=res.response_mask)["n_tokens"] == 8
-    other = Rollouts.from_responses(
+    other = rollouts_from_responses(
         [entry([5, 6, 8]), entry([9]), entry([]), entry([1, 2, 3, 4])], prompt_ids=PROMPTS, n=2, pad_token_id=PAD
     )
     with pytest.raises(ValueError, match="different response tokens"):

@@ -422,13 +422,12 @@ def test_gpu_memory_per_process_is_read_from_nvidia_smi(tmp_path: Path, monkeypa
     fake.write_text("#!/bin/sh\nprintf '101, 300\\n202, [N/A]\\n101, 20\\n'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    from rlgen._engine import _gpu_memory_mib
-    from rlgen._process_tree import _gpu_pids, gpu_memory_by_pid
+    from rlgen._process_tree import _gpu_pids, gpu_memory_by_pid, gpu_memory_mib
 
     assert gpu_memory_by_pid() == {101: 320, 202: 0}
     assert _gpu_pids() == {101, 202}
-    assert _gpu_memory_mib([101, 999]) == 320
-    assert _gpu_memory_mib([999]) is None  # the driver shows none of them: cannot tell
+    assert gpu_memory_mib([101, 999]) == 320
+    assert gpu_memory_mib([999]) is None  # the driver shows none of them: cannot tell
 
 
 def test_old_default_log_directories_are_pruned_but_a_running_servers_is_kept(isolated: str) -> None:

@@ -1,0 +1,292 @@
+"""generate()'s options: the one schema, declared once and shared by every entry point.
+
+Owns: the name, type, default, one-line doc and check of every option that `Engine.generate`,
+`Engine.agenerate` and `Engine.stream` take (SGLang's sampling parameters plus rlgen's own, such
+as `n` and `chunk_size`); checking a call's options before anything is sent (TypeError /
+ValueError that say what to change, "did you mean" for a misspelt name); the `sampling_params`
+dict SGLang's `/generate` takes; and the signatures and docs that `help()`, Jupyter and IDEs show.
+Knows nothing about prompts, HTTP or results.
+
+Each option is one line of a TypedDict below: `name: Annotated[type, Option(default, doc, ...)]`.
+Type checkers read the TypedDicts through `**options: Unpack[...]` (keyword completion and
+checking in IDEs); at run time the same annotations give the defaults, the checks and the
+`__signature__` of each method. Adding an option is one line here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict, TypeVar, get_type_hints
+
+__all__ = [
+    "GenerateOptions",
+    "Option",
+    "SamplingOptions",
+    "StreamOptions",
+    "defaults",
+    "resolve",
+    "takes_options",
+    "to_sglang",
+]
+
+Check = Callable[[str, Any], Any]
+
+
+@dataclass(frozen=True)
+class Option:
+    """What the schema knows about one option (the metadata of its `Annotated` type)."""
+
+    default: Any
+    doc: str
+    check: Check | None = None     # validates the value; returns it, normalised (e.g. a str -> a tuple)
+    sglang: str | None = None      # its name in SGLang's `sampling_params`; None: not sent there
+    always_sent: bool = False      # sent even at its default (else only when it differs)
+
+
+# -- checks --------------------------------------------------------------------------------------
+
+
+def _count(least: int) -> Callable[[str, Any], int]:
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value}")
+        return value
+
+    return check
+
+
+def _optional_count(least: int, none_means: str) -> Check:
+    count = _count(least)
+
+    def check(name: str, value: Any) -> int | None:
+        if value is None:
+            return None
+        try:
+            return count(name, value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be an int >= {least} or None ({none_means}), got {value!r}") from None
+
+    return check
+
+
+def _number(low: float, high: float | None = None, *, low_open: bool = False, note: str = "") -> Check:
+    def check(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+        if (value <= low if low_open else value < low) or (high is not None and value > high):
+            if high is None:
+                span = f"{'>' if low_open else '>='} {low:g}"
+            else:
+                span = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+            raise ValueError(f"{name} must be {span}{note}, got {value}")
+        return float(value)
+
+    return check
+
+
+def _top_k(name: str, value: Any) -> int:
+    k = _count(-1)(name, value)
+    if k == 0:
+        raise ValueError(f"{name} must be -1 (whole vocabulary) or at least 1, got 0")
+    return k
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _optional_flag(name: str, value: Any) -> bool | None:
+    return None if value is None else _flag(name, value)
+
+
+def _seed(name: str, value: Any) -> int | None:
+    return None if value is None else _count(0)(name, value)
+
+
+def _tuple_of(kind: type) -> Check:
+    def check(name: str, value: Any) -> tuple[Any, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, kind) and not isinstance(value, bool):
+            return (value,)
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} must be a {kind.__name__} or a list of them, got {type(value).__name__}")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, kind):
+                raise TypeError(f"{name} must contain only {kind.__name__} values, got {item!r}")
+        return tuple(value)
+
+    return check
+
+
+def _mapping(name: str, value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of SGLang sampling parameters, got {type(value).__name__}")
+    return dict(value)
+
+
+# -- the schema ----------------------------------------------------------------------------------
+
+
+class SamplingOptions(TypedDict, total=False):
+    """SGLang's sampling parameters (its names, except `seed` -> `sampling_seed`)."""
+
+    max_new_tokens: Annotated[int, Option(128, "tokens to generate at most", _count(0), "max_new_tokens", True)]
+    min_new_tokens: Annotated[int, Option(0, "EOS and stop tokens are masked until this many were generated",
+                                          _count(0), "min_new_tokens")]
+    temperature: Annotated[float, Option(1.0, "0 = greedy; always sent (SGLang would use the model's default)",
+                                         _number(0, note=" (0 = greedy)"), "temperature", True)]
+    top_p: Annotated[float, Option(1.0, "nucleus sampling: keep the smallest set of tokens with this much mass",
+                                   _number(0, 1, low_open=True, note=" (1 = off)"),
+                                   "top_p", True)]
+    top_k: Annotated[int, Option(-1, "keep the k most likely tokens; -1 = the whole vocabulary", _top_k, "top_k", True)]
+    min_p: Annotated[float, Option(0.0, "drop tokens less likely than min_p x the most likely one", _number(0, 1),
+                                   "min_p", True)]
+    repetition_penalty: Annotated[float, Option(1.0, "penalise tokens already in the prompt or output; 1 = off",
+                                                _number(0, 2, low_open=True, note=" (1 = off)"), "repetition_penalty")]
+    stop: Annotated[str | Sequence[str] | None, Option((), "stop strings (trimmed from the text; see no_stop_trim)",
+                                                       _tuple_of(str), "stop")]
+    stop_token_ids: Annotated[Sequence[int] | None, Option((), "token ids that end a sample", _tuple_of(int),
+                                                           "stop_token_ids")]
+    ignore_eos: Annotated[bool, Option(False, "keep generating past the EOS token", _flag, "ignore_eos")]
+    seed: Annotated[int | None, Option(None, "per-request sampling seed (SGLang honours it in deterministic mode)",
+                                       _seed, "sampling_seed")]
+    skip_special_tokens: Annotated[bool, Option(True, "leave special tokens out of the completion text", _flag,
+                                                "skip_special_tokens")]
+    no_stop_trim: Annotated[bool, Option(False, "keep the matched stop string at the end of the text", _flag,
+                                         "no_stop_trim")]
+
+
+class StreamOptions(SamplingOptions, total=False):
+    """`Engine.stream()`'s options: the sampling parameters, plus SGLang's own extras."""
+
+    sampling_params: Annotated[Mapping[str, Any] | None, Option(
+        None, "further SGLang sampling parameters, sent as they are (e.g. {'frequency_penalty': 0.5})", _mapping)]
+
+
+class GenerateOptions(StreamOptions, total=False):
+    """`Engine.generate()` / `agenerate()`'s options."""
+
+    n: Annotated[int, Option(1, "samples per prompt", _count(1))]
+    logprobs: Annotated[bool, Option(True, "return the logprob of every generated token", _flag)]
+    top_logprobs: Annotated[int, Option(0, "also return the k most likely tokens at every position", _count(0))]
+    stream: Annotated[bool, Option(False, "stream over SSE, to measure time-to-first-token and inter-token latency",
+                                   _flag)]
+    chunk_size: Annotated[int, Option(256, "prompts per batched /generate request", _count(1))]
+    max_in_flight: Annotated[int | None, Option(
+        None, "requests (chunks) in flight at once; None: enough to fill the batch the server runs at once, plus one",
+        _optional_count(1, "fill the server's batch"))]
+    progress: Annotated[bool | None, Option(None, "show a progress bar: True, False, None = the Engine's setting",
+                                            _optional_flag)]
+
+
+# SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates
+# them). Listed so that a misspelt one still gets a "did you mean".
+_SGLANG_EXTRA = (
+    "frequency_penalty", "presence_penalty", "json_schema", "regex", "ebnf", "structural_tag",
+    "stop_regex", "logit_bias", "spaces_between_special_tokens", "custom_params", "stream_interval",
+)  # fmt: skip
+
+Schema = type  # one of the TypedDicts above
+_SCHEMAS: dict[type, dict[str, tuple[Any, Option]]] = {}
+
+
+def _fields(schema: Schema) -> dict[str, tuple[Any, Option]]:
+    """name -> (annotated type, Option), in declaration order (read once per schema)."""
+    found = _SCHEMAS.get(schema)
+    if found is None:
+        hints = get_type_hints(schema, include_extras=True)
+        found = {name: (hint.__origin__, hint.__metadata__[0]) for name, hint in hints.items()}
+        _SCHEMAS[schema] = found
+    return found
+
+
+def defaults(schema: Schema) -> dict[str, Any]:
+    """Every option of `schema` at its default."""
+    return {name: option.default for name, (_, option) in _fields(schema).items()}
+
+
+def resolve(schema: Schema, options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` checked and completed with the defaults: every name of `schema`, each value valid.
+
+    Raises:
+        TypeError: an unknown option (with the closest known name) or a value of the wrong type.
+        ValueError: a value out of range, or options that contradict each other.
+    """
+    fields = _fields(schema)
+    for name in options:
+        if name not in fields:
+            raise TypeError(_unknown_message(name, list(fields)))
+    out: dict[str, Any] = {}
+    for name, (_, option) in fields.items():
+        value = options.get(name, option.default)
+        out[name] = option.check(name, value) if option.check is not None else value
+    if out["min_new_tokens"] > out["max_new_tokens"]:
+        raise ValueError(f"min_new_tokens ({out['min_new_tokens']}) must not exceed max_new_tokens ({out['max_new_tokens']})")
+    extra = out.get("sampling_params")
+    if extra:
+        clash = sorted(set(extra) & {o.sglang for _, o in fields.values() if o.sglang})
+        if clash:
+            raise ValueError(f"{clash} given both as options and in sampling_params; pass each once, as an option")
+    return out
+
+
+def to_sglang(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """SGLang's `sampling_params` for resolved options: always-sent ones, the others where they
+    differ from their default, then `sampling_params` as given."""
+    params: dict[str, Any] = {}
+    for name, (_, option) in _fields(SamplingOptions).items():
+        value = resolved[name]
+        if option.sglang is not None and (option.always_sent or value != option.default):
+            params[option.sglang] = list(value) if isinstance(value, tuple) else value
+    params.update(resolved.get("sampling_params") or {})
+    return params
+
+
+def _unknown_message(name: str, known: Sequence[str]) -> str:
+    guess = difflib.get_close_matches(name, [*known, *_SGLANG_EXTRA], n=1)
+    if name in _SGLANG_EXTRA:
+        return f"unknown option {name!r}; pass SGLang-only options as sampling_params={{{name!r}: ...}}"
+    if guess and guess[0] in _SGLANG_EXTRA:
+        return (f"unknown option {name!r}; did you mean {guess[0]!r}? "
+                f"SGLang-only options go in sampling_params={{{guess[0]!r}: ...}}")
+    if guess:
+        return f"unknown option {name!r}; did you mean {guess[0]!r}?"
+    return f"unknown option {name!r}; the options are: {', '.join(known)}"
+
+
+# -- signatures and docs -------------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_options(schema: Schema) -> Callable[[F], F]:
+    """Give a `def f(self, prompts, /, **options: Unpack[schema])` method the signature and docs of
+    its options: `inspect.signature` (help(), Jupyter's Shift-Tab, IPython's keyword completion)
+    lists each option with its type and default, and the docstring gains an "Options" section."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        positional = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        keywords = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option.default, annotation=hint)
+            for name, (hint, option) in _fields(schema).items()
+        ]
+        func.__signature__ = signature.replace(parameters=[*positional, *keywords])  # type: ignore[attr-defined]
+        lines = [f"    {name}={option.default!r}: {option.doc}" for name, (_, option) in _fields(schema).items()]
+        func.__doc__ = (inspect.cleandoc(func.__doc__ or "") + "\n\nOptions (keyword-only):\n" + "\n".join(lines))
+        return func
+
+    return decorate
