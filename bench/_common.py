@@ -4,7 +4,9 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
 
 - the command line every script takes (`--out`, `--quick`, `--backend`, `--model`, `--repeats`),
   progress lines (`log`, flushed) and the JSON record (`Record`, rewritten after every phase so a
-  run killed at the time limit still leaves its numbers);
+  run killed at the time limit still leaves its numbers), which starts with `environment()`: the
+  rlgen commit and whether the tree was dirty, package versions, Python, the GPU and the exact
+  command line (`python bench/_common.py --for CMD` prints it for scripts/gpu/'s shell scripts);
 - SGLang's site flags (`$RLGEN_SGLANG_ARGS`, e.g. triton attention on the lent H200) for raw
   launches and `sglang.Engine`, so every launch gets the same ones rlgen's Engine reads itself;
 - workloads (`Workload`): token-id prompts of an exact length from a fixed seed, or chat prompts
@@ -34,6 +36,7 @@ import math
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
 import statistics
@@ -144,6 +147,7 @@ class Record:
         self.path = Path(out)
         self.data = json.loads(Path(saved).read_text())
         self.data["reported_again_from"] = saved
+        self.data["reported_again_environment"] = environment()  # the report's own commit and command
         return self
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -161,26 +165,78 @@ class Record:
         tmp.replace(self.path)
 
 
-def environment() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
+COMMIT_ENV = "RLGEN_COMMIT"
+PACKAGES = ("rlgen", "sglang", "torch", "transformers", "tokenizers", "aiohttp", "orjson", "pandas")
 
-    def pkg(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
 
+def environment(command: str | None = None) -> dict[str, Any]:
+    """What a run needs to be read again later: the rlgen commit (and whether the checkout had
+    uncommitted changes), package versions, Python, the GPU, and the exact command line.
+
+    Every script's JSON carries it (`Record`); `python bench/_common.py --for CMD` prints it for the
+    shell scripts of scripts/gpu/. Imports nothing it reports on (startup.py times rlgen's imports
+    after this runs). `command`: the command this record describes, if not this process's own.
+    """
     gpus = nvidia_smi("--query-gpu=name,memory.total,driver_version")
     return {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": command if command is not None else shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "cwd": os.getcwd(),
         "argv": sys.argv,
+        "rlgen_commit": rlgen_commit(),
         "python": sys.version.split()[0],
+        "executable": sys.executable,
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "packages": {name: pkg(name) for name in ("torch", "sglang", "transformers", "aiohttp", "orjson", "pandas")},
+        "packages": {name: package_version(name) for name in PACKAGES},
+        "gpu": gpus[0][0] if gpus else None,
         "gpus": gpus,
+        "rlgen_env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("RLGEN_")},
         SGLANG_ARGS_ENV: os.environ.get(SGLANG_ARGS_ENV),
     }
+
+
+def package_version(name: str) -> str | None:
+    """The installed distribution's version; for rlgen, the version of the checkout this process
+    imports it from (REPO, first on sys.path), read from its source without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if name == "rlgen" and (REPO / "rlgen" / "__init__.py").is_file():
+        found = re.search(r'^__version__ = "([^"]+)"', (REPO / "rlgen" / "__init__.py").read_text(), re.MULTILINE)
+        if found:
+            return found.group(1)
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def rlgen_commit() -> dict[str, Any]:
+    """The commit of the checkout whose rlgen this process imports (REPO, first on sys.path), and
+    whether it had uncommitted changes (`git status --porcelain`, untracked files included).
+
+    Where there is no git checkout (the GPU machine gets a copy of the working tree without .git),
+    $RLGEN_COMMIT says it: `git describe --always --dirty --abbrev=40`, run where the tree was copied
+    from, written into the command (a `-dirty` suffix marks uncommitted changes).
+    """
+    def git(*cmd: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True, timeout=20,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    top, head = git("rev-parse", "--show-toplevel"), git("rev-parse", "HEAD")
+    if top is not None and head is not None and Path(top.strip()).resolve() == REPO:  # not a repo around a copy
+        changes = (git("status", "--porcelain") or "").splitlines()
+        return {"commit": head.strip(), "dirty": bool(changes), "changes": changes[:50], "source": "git"}
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
+        dirty = given.endswith("-dirty")
+        return {"commit": given.removesuffix("-dirty"), "dirty": dirty, "changes": None, "source": COMMIT_ENV}
+    return {"commit": None, "dirty": None, "changes": None,
+            "source": f"unknown: no git checkout at {REPO} and ${COMMIT_ENV} unset"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -765,3 +821,15 @@ class Targets:
         self.rows.append({"target": name, "value": value, "op": op, "bound": bound, "ok": ok})
         shown = "not measured" if value is None else fmt(value, ".3f" if unit == "x" else ".1f") + unit
         print(f"  {verdict(ok):4s}  {name}: {shown} (target {op} {bound:g}{unit})", flush=True)
+
+
+def main() -> None:
+    """Print `environment()` as JSON: the record scripts/gpu/*.sh keep beside their results."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--for", dest="command", default=None, metavar="CMD",
+                    help="the command line the record describes (default: this one)")
+    print(json.dumps(environment(ap.parse_args().command), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -37,6 +37,8 @@ import orjson
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # run from a checkout
 from rlgen._results import rollouts_from_responses  # noqa: E402
 
+import _common as C  # this directory is on sys.path (the script's own, or scaling's)
+
 
 def make_body(rows: int, tokens: int, n: int, top_k: int, seed: int = 0) -> tuple[bytes, list[list[int]]]:
     """A JSON body shaped like SGLang's batched /generate answer (rows built one at a time)."""
@@ -173,7 +175,8 @@ def main() -> None:
     print(f"tokens per variant: {int(tokens)}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "medians": summary,
+        args.out.write_text(json.dumps({"script": "bench/client_overhead.py", "environment": C.environment(),
+                                        "args": {k: str(v) for k, v in vars(args).items()}, "medians": summary,
                                         "cpu_count": os.cpu_count()}, indent=1))
     if args.options:
         compare_options(variants["top_k=0"][0], args.repeats)

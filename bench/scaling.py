@@ -20,9 +20,14 @@ Not a test. Two parts:
    sample, a quarter stopping early): orjson parse + Rollouts + DataFrame + tensors, median of 3,
    in ms and microseconds per token, and as a share of rlgen's measured wall time for that size.
 
+The report judges rlgen / raw at each size on its 90% bootstrap interval against 0.95 (PASS /
+FAIL, or NOISE where the interval straddles it; no verdict from fewer than 3 runs a side).
+`--report-only JSON` prints the report of a saved run again.
+
     python bench/scaling.py --out scaling.json                       # on the GPU machine
     python bench/scaling.py --out /tmp/sc.json --backend cpu --quick  # smoke test anywhere
     python bench/scaling.py --out /tmp/sc.json --client-only          # part 2 alone (CPU)
+    python bench/scaling.py --out /tmp/sc.json --report-only docs/gpu/2026-11-30d/scaling.json
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import _common as C
 from client_overhead import make_body, run_variant
@@ -105,6 +111,23 @@ def report(record: C.Record) -> None:
     C.print_table("generated tokens/s vs batch size, medians (raw and rlgen interleaved on one server)",
                   ["batch", "samples", "raw tok/s", "rlgen tok/s", "rlgen/raw", "rlgen s", "client ms",
                    "client % of rlgen", "repeats", "error"], rows)
+    comparisons: dict[str, dict[str, Any]] = {}
+    targets = C.Targets()
+    for size, entry in record["gpu"].items():
+        if C.runs_of(entry["methods"], ["rlgen"], "tok_s") and C.runs_of(entry["methods"], ["raw"], "tok_s"):
+            comparisons[size] = C.compare(entry["methods"], "rlgen", ["raw"])
+    if comparisons:
+        C.print_table("rlgen / raw per batch size (tokens/s; interval: 90% bootstrap of the ratio of medians, none from "
+                      "fewer than 3 runs a side; p: two-sided rank test)", ["batch", "runs", "ratio", "interval", "p"],
+                      [[size, f"{c['runs'][0]} vs {c['runs'][1]}", C.fmt(c["ratio"], ".3f"),
+                        f"{c['interval'][0]:.3f}-{c['interval'][1]:.3f}" if c["interval"] else "-", C.fmt(c["p"], ".3f")]
+                       for size, c in comparisons.items()])
+        print(f"  up to {C.CHUNK_SIZE} prompts rlgen sends the raw method's one request; above, chunks of "
+              f"{C.CHUNK_SIZE} at once\n\ntargets", flush=True)
+        for size, c in comparisons.items():
+            targets.check_interval(f"{size} prompts: rlgen / one raw batched request", c["ratio"], c["interval"], 0.95)
+    record["comparisons"] = comparisons
+    record["targets"] = targets.rows
     outside_rows = []
     for size, entry in record["gpu"].items():
         c = C.compare(entry["methods"], "rlgen", ["raw"])
@@ -131,7 +154,10 @@ def main() -> None:
                     help="seconds for the GPU timing loop; a size whose repeats would not fit gets fewer (default 300)")
     ap.add_argument("--skip-client", action="store_true", help="skip the CPU-only client-cost curve")
     ap.add_argument("--client-only", action="store_true", help="only the client-cost curve (no server)")
+    C.add_report_only(ap)
     args = ap.parse_args()
+    if C.reported_again(args, report):
+        return
 
     C.site_flags()  # before any launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
     model = C.model_path(args.model)

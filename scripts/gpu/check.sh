@@ -9,8 +9,8 @@ source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
 STEPS="${1:-conformance,lifecycle,generate,notebook}"  # or a subset, e.g. "generate,notebook"
 FINAL_OUT="$OUT"; OUT="$(mktemp -d)"  # a call returns at most 8 files: everything is packed at the end
-python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$OUT/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/versions.txt"
+# rlgen commit (and dirty or not), versions, Python, GPU and this command, as every bench/ JSON has them
+python3 bench/_common.py --for "bash scripts/gpu/check.sh $STEPS" | tee "$OUT/environment.json"
 PYTEST=(python3 -m pytest -p no:cacheprovider -rA -q)
 
 # One step after another: SGLang servers that start at the same time on one GPU each count the

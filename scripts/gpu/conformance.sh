@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: the protocol conformance suite against a real SGLang server, plus a record
-# of raw SGLang responses. Writes $OUT/conformance.txt, conformance.xml, sglang-conformance.log.
+# of raw SGLang responses. Writes $OUT/conformance.txt, conformance.xml, sglang-conformance.log,
+# sglang-responses.json and environment.json.
 source "$(dirname "$0")/common.sh"
-python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee "$OUT/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/versions.txt"
+python3 bench/_common.py --for "bash scripts/gpu/conformance.sh" | tee "$OUT/environment.json"  # commit, versions, GPU
 start_sglang 30000 "$OUT/sglang-conformance.log" --mem-fraction-static 0.3 --enable-memory-saver --disable-cuda-graph || exit 1
 RLGEN_CONFORMANCE_URL=http://127.0.0.1:30000 python3 -m pytest tests/conformance -v -p no:cacheprovider \
   --junitxml="$OUT/conformance.xml" 2>&1 | tee "$OUT/conformance.txt"
