@@ -11,7 +11,7 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
   launches and `sglang.Engine`, so every launch gets the same ones rlgen's Engine reads itself;
 - workloads (`Workload`): token-id prompts of an exact length from a fixed seed, or chat prompts
   from templates, rendered to token ids once, so every method sends identical `input_ids` and the
-  sampling parameters rlgen itself would send (`rlgen._sampling.Sampling.to_sglang()`);
+  sampling parameters rlgen itself would send (`rlgen._options.to_sglang()`);
 - the clients that compete with rlgen on the same server (`RawClient`: aiohttp + orjson, one
   batched request, chunked requests, or one request per prompt) and rlgen's own call;
 - `run_interleaved`: warm up each method once, then every repeat runs every method once in a
@@ -19,7 +19,7 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
   recorded and dropped while the others go on; medians of generated tokens/s;
 - `compare`: one method against others' pooled runs (ratio of medians, 90% bootstrap interval,
   rank test, and the split at the server), which the scripts' verdicts use;
-- `nvidia-smi` readings (memory used / total; per process: `rlgen._engine._gpu_memory_mib`) and
+- `nvidia-smi` readings (memory used / total; per process: `rlgen._process_tree.gpu_memory_mib`) and
   plain-text tables.
 
 Runnable scripts import it as `_common` (Python puts the script's directory on sys.path).
@@ -44,10 +44,11 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -308,9 +309,9 @@ class Workload:
     @cached_property  # built once, not inside the timed loops (per-request builds a body per prompt)
     def sampling(self) -> dict[str, Any]:
         """The sampling_params rlgen sends for these options (without `n`)."""
-        from rlgen._sampling import Sampling
+        from rlgen._options import SamplingOptions, resolve, to_sglang
 
-        return Sampling(**self.options).to_sglang()
+        return to_sglang(resolve(SamplingOptions, self.options))
 
     def payload(self, prompts: list[list[int]] | list[int], *, native_n: bool = False) -> dict[str, Any]:
         """A /generate body as rlgen builds it (n copies of each prompt; logprob flags), without
@@ -606,13 +607,13 @@ def run_interleaved(
         if before_each is not None:
             try:
                 before_each()
-            except Exception as err:  # noqa: BLE001 - a failed cache flush is noted, not fatal
+            except Exception as err:  # a failed cache flush is noted, not fatal
                 out[name].setdefault("before_each_errors", []).append(f"{type(err).__name__}: {err}")
         gc.collect()
         t0 = time.perf_counter()
         try:
             outcome = methods[name](workload)
-        except Exception as err:  # noqa: BLE001 - one failing method must not stop the others
+        except Exception as err:  # one failing method must not stop the others
             out[name]["error"] = f"{phase}: {type(err).__name__}: {err}"
             out[name]["traceback"] = traceback.format_exc(limit=8)
             log(f"  {label}{name}: FAILED in {phase}: {type(err).__name__}: {str(err)[:300]}")

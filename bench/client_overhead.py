@@ -26,18 +26,19 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from itertools import chain
-from pathlib import Path
 from operator import itemgetter
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # run from a checkout
-from rlgen._results import rollouts_from_responses  # noqa: E402
-
 import _common as C  # this directory is on sys.path (the script's own, or scaling's)
+
+from rlgen._results import rollouts_from_responses
 
 
 def make_body(rows: int, tokens: int, n: int, top_k: int, seed: int = 0) -> tuple[bytes, list[list[int]]]:

@@ -62,7 +62,7 @@ def gpu_curve(args: argparse.Namespace, model: str, record: C.Record) -> None:
     t0 = time.monotonic()
     eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
     try:
-        record["server"] = {"start_s": time.monotonic() - t0, "argv": eng._server.argv, "log_path": eng.log_path}
+        record["server"] = {"start_s": time.monotonic() - t0, "argv": eng.info["command"], "log_path": eng.log_path}
         C.log(f"server ready in {record['server']['start_s']:.1f} s")
         deadline = time.monotonic() + args.budget_s
         last_tok_s: float | None = None
@@ -167,7 +167,7 @@ def main() -> None:
     try:
         if not args.client_only:
             gpu_curve(args, model, record)
-    except Exception as err:  # noqa: BLE001 - the client curve and the report still run
+    except Exception as err:  # the client curve and the report still run
         record["gpu_error"] = f"{type(err).__name__}: {err}"
         C.log(f"GPU part FAILED: {record['gpu_error']}")
     record.save()

@@ -57,7 +57,8 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
-from rlgen._engine import _gpu_memory_mib
+
+from rlgen._process_tree import gpu_memory_mib
 from rlgen._server_log import LogFollower
 
 CONFIGS = ("sglang-defaults", "rlgen-fast_start", "rlgen-defaults")  # rlgen-defaults last: it stays up
@@ -231,7 +232,7 @@ def measure(config: str, args: argparse.Namespace, model: str, log_dir: Path, wo
         finally:
             done()
         out["memory_after_workload"] = _memory(launch.pids(), before)
-    except Exception as err:  # noqa: BLE001 - the other configurations still run
+    except Exception as err:  # the other configurations still run
         out["error"] = f"{type(err).__name__}: {err}"
         C.log(f"{config}: FAILED: {out['error']}")
     finally:
@@ -243,7 +244,7 @@ def measure(config: str, args: argparse.Namespace, model: str, log_dir: Path, wo
         t_close = time.monotonic()
         try:
             launch.close()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             out["close_error"] = f"{type(err).__name__}: {err}"
         out["close_s"] = time.monotonic() - t_close
         out["gpu_release_wait_s"] = C.wait_gpu_back(before)
@@ -256,7 +257,7 @@ def measure(config: str, args: argparse.Namespace, model: str, log_dir: Path, wo
 def _memory(pids: list[int], before: int | None) -> dict[str, Any]:
     used = C.gpu_used_mib()
     return {"used_mib": used, "delta_mib": used - before if used is not None and before is not None else None,
-            "per_process_mib": _gpu_memory_mib(pids), "pids": pids}
+            "per_process_mib": gpu_memory_mib(pids), "pids": pids}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def side_by_side(rlgen_launch: RlgenLaunch, args: argparse.Namespace, model: str
     C.log("side by side: starting sglang-defaults beside rlgen-defaults")
     try:
         sglang.start()
-        out["pools"] = {"rlgen-defaults": rlgen_launch.eng._server_info.get("max_total_num_tokens"),
+        out["pools"] = {"rlgen-defaults": rlgen_launch.eng.server_info.get("max_total_num_tokens"),
                         "sglang-defaults": json.loads(C.http_request(sglang.url, "/server_info")[1])
                         .get("max_total_num_tokens")}
         with C.RawClient(sglang.url) as raw_sglang, C.RawClient(rlgen_launch.eng.url) as raw_rlgen:
@@ -333,7 +334,7 @@ def side_by_side(rlgen_launch: RlgenLaunch, args: argparse.Namespace, model: str
             repeats = args.repeats or (2 if args.quick else SIDE_BY_SIDE_REPEATS)
             out["results"] = C.run_interleaved(methods, workload, repeats=repeats, warmup=workload.head(64),
                                                before_each=flush_both, label="side-by-side/")
-    except Exception as err:  # noqa: BLE001 - the rest of the report still prints
+    except Exception as err:  # the rest of the report still prints
         out["error"] = f"{type(err).__name__}: {err}"
         C.log(f"side by side FAILED: {out['error']}")
     finally:
@@ -439,8 +440,9 @@ def _import_client(model: str) -> float:
     A fresh notebook pays them once on its first Engine; the time is recorded as client_imports_s.
     """
     t0 = time.monotonic()
-    import rlgen  # noqa: F401
     from transformers import AutoTokenizer
+
+    import rlgen  # noqa: F401
 
     AutoTokenizer.from_pretrained(model)
     seconds = time.monotonic() - t0

@@ -62,8 +62,9 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import _common as C
 
@@ -103,6 +104,7 @@ def start_offline_engine(model: str, server_argv: list[str]) -> tuple[object, di
     processes' memory as used: beside a server holding share s, the same pool needs s + default.
     """
     import sglang
+
     from rlgen._server_command import DEFAULT_GPU_MEMORY_FRACTION
 
     used, total = C.gpu_used_mib(), C.gpu_total_mib()
@@ -117,7 +119,7 @@ def start_offline_engine(model: str, server_argv: list[str]) -> tuple[object, di
     info: dict[str, object] = {"start_s": time.monotonic() - t0, "kwargs": kwargs, "gpu_held_before": held}
     try:
         info["max_total_num_tokens"] = llm.get_server_info().get("max_total_num_tokens")
-    except Exception as err:  # noqa: BLE001 - informative only
+    except Exception as err:  # informative only
         info["max_total_num_tokens"] = f"unknown ({type(err).__name__})"
     C.log(f"sglang.Engine ready in {info['start_s']:.1f} s (KV pool {info['max_total_num_tokens']} tokens)")
     return llm, info
@@ -145,8 +147,8 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
     eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
     llm = None
     try:
-        server_info = eng._server_info
-        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng._server.argv,
+        server_info = eng.server_info
+        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng.info["command"],
                             "log_path": eng.log_path, "gpu_memory_mib": eng.info.get("gpu_memory_mib"),
                             "max_total_num_tokens": server_info.get("max_total_num_tokens")}
         C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url} "
@@ -156,8 +158,8 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
             C.log(f"sglang.Engine SKIPPED: {record['offline_skipped']}")
         else:
             try:
-                llm, record["offline_engine"] = start_offline_engine(model, eng._server.argv)
-            except Exception as err:  # noqa: BLE001 - the HTTP methods still run
+                llm, record["offline_engine"] = start_offline_engine(model, eng.info["command"])
+            except Exception as err:  # the HTTP methods still run
                 record["offline_error"] = f"{type(err).__name__}: {err}"
                 C.log(f"sglang.Engine FAILED to start: {record['offline_error']}")
         record.save()
@@ -425,7 +427,7 @@ def main() -> None:
     record.save()
     try:
         measure(args, model, workloads, record)
-    except Exception as err:  # noqa: BLE001 - report what there is
+    except Exception as err:  # report what there is
         record["error"] = f"{type(err).__name__}: {err}"
         C.log(f"FAILED: {record['error']}")
     report(record)

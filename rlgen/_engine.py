@@ -264,7 +264,7 @@ class Engine:
     # -- introspection ---------------------------------------------------------------------------
     @property
     def info(self) -> dict[str, Any]:
-        """Model, backend, versions, where the server is, and the GPU memory it holds."""
+        """Model, backend, versions, where the server is, its command line, and the GPU memory it holds."""
         from ._process_tree import gpu_memory_mib
         from ._version import __version__
 
@@ -278,6 +278,7 @@ class Engine:
             "pid": server.pid if server is not None else None,
             "port": server.port if server is not None else None,
             "log_path": self.log_path,
+            "command": server.argv if server is not None else None,
             "context_length": self.context_length,
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,

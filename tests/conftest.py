@@ -7,8 +7,8 @@ import importlib.util
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest

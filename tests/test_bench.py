@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import _common as C  # noqa: E402
-import throughput  # noqa: E402
+import _common as C
+import throughput
 
 
 def test_the_rank_test_agrees_with_scipys_asymptotic_mann_whitney() -> None:

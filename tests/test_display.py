@@ -202,10 +202,9 @@ def test_phase_line_rewrites_a_live_terminal_in_place_and_erases_longer_text():
 
 def test_phase_line_failure_names_the_phase_it_failed_in():
     out = io.StringIO()
-    with pytest.raises(RuntimeError):
-        with PhaseLine("srv", mode="terminal", file=out, show=True) as line:
-            line.update("loading weights", 7)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), PhaseLine("srv", mode="terminal", file=out, show=True) as line:  # noqa: PT012 - the failure happens inside the block under test
+        line.update("loading weights", 7)
+        raise RuntimeError("boom")
     assert out.getvalue().splitlines()[-1] == "srv: failed during 'loading weights' (7s)"
     assert line.closed
 

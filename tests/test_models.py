@@ -59,7 +59,7 @@ def test_an_interrupted_conversion_leaves_no_half_written_cache(tmp_path: Path, 
 
 
 def test_a_missing_model_path_says_what_to_pass(tmp_path: Path) -> None:
-    with pytest.raises(rlgen.ModelError, match="does not exist.*local Hugging Face checkout"):
+    with pytest.raises(rlgen.ModelError, match=r"does not exist.*local Hugging Face checkout"):
         resolve_model(tmp_path / "nope")
 
 

@@ -39,7 +39,7 @@ class Kernel:
                 msg = self.kc.get_iopub_msg(timeout=0.5)
             except Exception:  # queue.Empty
                 if time.monotonic() - t0 > timeout:
-                    raise TimeoutError(f"cell did not finish in {timeout} s: {code!r}")
+                    raise TimeoutError(f"cell did not finish in {timeout} s: {code!r}") from None
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -102,5 +102,5 @@ def test_killing_the_kernel_leaves_no_server_behind(kernel: Kernel, model_path: 
     started = kernel.run(f"import rlgen\neng = rlgen.Engine({model_path!r}, backend='cpu', progress=False)\nprint(eng.info['pid'])")
     server = psutil.Process(int(started["stdout"]))
     os.kill(kernel.km.provisioner.process.pid, signal.SIGKILL)  # no atexit, no finalizers run in the kernel
-    gone, alive = psutil.wait_procs([server], timeout=20)
+    _, alive = psutil.wait_procs([server], timeout=20)
     assert not alive, "the server outlived its killed kernel"

@@ -17,11 +17,10 @@ import time
 
 import psutil
 import pytest
+from _owner import read_line, spawn_owner
 
 from rlgen import _registry
 from rlgen._server import launch_server, list_servers, reap
-
-from _owner import read_line, spawn_owner
 
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 

@@ -25,12 +25,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _owner import read_line, spawn_owner
 
 from rlgen import _process_tree, _registry, _server, _server_log
 from rlgen._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
 from rlgen._server import PHASES, ServerState, launch_server
-
-from _owner import read_line, spawn_owner
 
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 

@@ -1,5 +1,8 @@
 """Diagnostic: does return_logprob change SGLang's greedy answer? (flushes the prefix cache between calls)"""
-import json, os, urllib.request
+import json
+import os
+import urllib.request
+
 import rlgen
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
