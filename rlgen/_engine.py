@@ -30,7 +30,7 @@ from ._errors import EngineClosedError, EngineError, RequestError, ServerRequest
 from ._generate import GenerateJob, chunks_to_fill, new_rid, run_generate
 from ._models import resolve_model
 from ._options import GenerateOptions, StreamOptions, takes_options
-from ._prompts import PromptBatch, normalize_prompts
+from ._prompts import PromptBatch, normalize_prompts, prompt_data
 from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 from ._types import Prompt, Prompts
 
@@ -377,6 +377,7 @@ class Engine:
         if max_in_flight is None:
             max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), opts["chunk_size"], opts["n"])
         batch = self._normalize(prompts, max_new_tokens=opts["max_new_tokens"])
+        batch.data = prompt_data(opts["data"], len(batch), reserved=_reserved_columns())
         job = GenerateJob(
             prompt_ids=batch.ids, sampling=_options.to_sglang(opts), n=opts["n"], logprobs=opts["logprobs"],
             top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=opts["chunk_size"],
@@ -418,8 +419,12 @@ class Engine:
         if failed or any(r is None for r in responses):
             responses = [r if r is not None else failed_entry("aborted before the server answered", reason="abort")
                          for r in responses]
-        extra = {"ttft_s": job.ttft_s, "itl_s": job.itl_s} if job.stream else None
-        record = {**job.sampling, "n": job.n}
+        n = job.n
+        extra: dict[str, list[Any]] = {"ttft_s": job.ttft_s, "itl_s": job.itl_s} if job.stream else {}
+        if batch.chats is not None:
+            extra["prompt_messages"] = [chat for chat in batch.chats for _ in range(n)]
+        extra.update({name: [v for v in values for _ in range(n)] for name, values in batch.data.items()})
+        record = {**job.sampling, "n": n}
         return rollouts_from_responses(
             responses, prompt_ids=batch.ids, prompt_texts=batch.texts, n=job.n,
             pad_token_id=_pad_id(self.tokenizer), extra=extra, model=self.model, sampling=record,
@@ -615,6 +620,13 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         return AutoTokenizer.from_pretrained(str(tokenizer))
     except (OSError, ValueError) as err:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
+
+
+def _reserved_columns() -> tuple[str, ...]:
+    """Columns generate() fills itself, which per-prompt data may not replace."""
+    from ._results import COLUMNS
+
+    return (*COLUMNS, "ttft_s", "itl_s", "prompt_messages")
 
 
 def _pad_id(tokenizer: Any) -> int:

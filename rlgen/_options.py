@@ -129,6 +129,12 @@ def _tuple_of(kind: type) -> Check:
     return check
 
 
+def _table(name: str, value: Any) -> Any:
+    if value is None or hasattr(value, "columns") or isinstance(value, (Mapping, list, tuple)):
+        return value  # its rows and columns are checked against the prompts (`_prompts.prompt_data`)
+    raise TypeError(f"{name} must be a DataFrame, a list of dicts or a dict of lists, got {type(value).__name__}")
+
+
 def _mapping(name: str, value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
@@ -190,6 +196,9 @@ class GenerateOptions(StreamOptions, total=False):
         _optional_count(1, "fill the server's batch"))]
     progress: Annotated[bool | None, Option(None, "show a progress bar: True, False, None = the Engine's setting",
                                             _optional_flag)]
+    data: Annotated[Any, Option(
+        None, "per-prompt data (a DataFrame with a row per prompt, a list of dicts or a dict of lists): its columns "
+        "join every sample of that prompt in res.df (e.g. the answer, the task name)", _table)]
 
 
 # SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHAT_ROLES", "PromptBatch", "normalize_prompts"]
+__all__ = ["CHAT_ROLES", "PromptBatch", "normalize_prompts", "prompt_data"]
 
 # The message roles chat templates render (OpenAI's names, plus Llama 3.1's "ipython"). Anything
 # else is a typo that most templates would render silently into the prompt.
@@ -28,6 +28,8 @@ class PromptBatch:
     kind: str                    # "text", "ids" or "chat"
     ids: list[list[int]]         # token ids, exactly what the server gets
     texts: list[str | None]      # the prompt as text (rendered chat for "chat"; None for "ids")
+    chats: list[list[dict[str, Any]]] | None = None  # the messages as given, for "chat"
+    data: dict[str, list[Any]] = field(default_factory=dict)  # per-prompt columns (generate's `data=`)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -112,7 +114,8 @@ def normalize_prompts(prompts: Any, *, tokenizer: Any, vocab_size: int, context_
                 f"prompt {i} has {len(row)} tokens; with max_new_tokens={max_new_tokens} that exceeds the "
                 f"model's context of {context_length} tokens. Shorten the prompt or lower max_new_tokens."
             )
-    return PromptBatch(kind=kind, ids=ids, texts=texts)
+    chats = [[dict(m) for m in conv] for conv in items] if kind == "chat" else None
+    return PromptBatch(kind=kind, ids=ids, texts=texts, chats=chats)
 
 
 def _check_chat(conv: Sequence[Any]) -> None:
@@ -124,3 +127,47 @@ def _check_chat(conv: Sequence[Any]) -> None:
             guess = difflib.get_close_matches(str(role).lower(), CHAT_ROLES, n=1, cutoff=0.5)
             hint = f"did you mean {guess[0]!r}? " if guess else ""
             raise ValueError(f"unknown chat role {role!r}; {hint}roles are {', '.join(map(repr, CHAT_ROLES))}")
+
+
+def prompt_data(data: Any, n_prompts: int, *, reserved: Sequence[str]) -> dict[str, list[Any]]:
+    """The user's per-prompt data as columns, one value per prompt.
+
+    `data`: a DataFrame with a row per prompt (its index is ignored), a list of dicts (one per
+    prompt; a key missing from a dict gives None), or a dict of lists.
+
+    Raises:
+        TypeError: `data` is none of those, or a column name is not a string.
+        ValueError: its number of rows is not the number of prompts, or a column would replace
+            one of `reserved` (rlgen's own columns).
+    """
+    if data is None:
+        return {}
+    if hasattr(data, "columns") and hasattr(data, "to_dict"):  # a pandas DataFrame
+        columns = {c: list(data[c]) for c in data.columns}
+        rows = len(data)
+    elif isinstance(data, dict):
+        columns = {c: list(v) if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else v for c, v in data.items()}
+        bad = [c for c, v in columns.items() if not isinstance(v, list)]
+        if bad:
+            raise TypeError(f"data as a dict must map column names to lists (one value per prompt); {bad[0]!r} is not")
+        lengths = {len(v) for v in columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"data's columns have different lengths {sorted(lengths)}; give one value per prompt")
+        rows = lengths.pop() if lengths else n_prompts
+    elif isinstance(data, (list, tuple)):
+        if not all(isinstance(row, dict) for row in data):
+            raise TypeError("data as a list must hold one dict per prompt, e.g. [{'answer': '4'}, ...]")
+        names = list(dict.fromkeys(k for row in data for k in row))
+        columns = {c: [row.get(c) for row in data] for c in names}
+        rows = len(data)
+    else:
+        raise TypeError(f"data must be a DataFrame, a list of dicts or a dict of lists, got {type(data).__name__}")
+    if rows != n_prompts:
+        raise ValueError(f"data has {rows} rows for {n_prompts} prompts; give one row per prompt (in prompt order)")
+    for name in columns:
+        if not isinstance(name, str):
+            raise TypeError(f"data's column names must be strings, got {name!r}")
+    clash = sorted(set(columns) & set(reserved))
+    if clash:
+        raise ValueError(f"data's columns {clash} would replace rlgen's own; rename them (e.g. 'gold_{clash[0]}')")
+    return columns

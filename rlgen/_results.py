@@ -45,6 +45,11 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from ._reward_summary import RewardSummary
+    from ._rewards import Mode, RewardFunctions
+    from ._group_stats import AdvantageMethod
+    from ._reward_styles import Style
+
 __all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
@@ -313,15 +318,27 @@ class Rollouts:
 
     # -- tensors ---------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
-        """All tensors by name (optional ones only when present); see the class docstring."""
-        if self._cache is None:
-            import torch
+        """All tensors by name (optional ones only when present); see the class docstring.
 
+        With an `advantage` column (`add_rewards`), also `advantages` [N] float32 and
+        `token_advantages` [N, R] float32: each row's advantage on its response tokens, 0.0 on
+        padding and for rows whose advantage is NaN (their reward failed), read from the df on
+        every call so that they follow edits of the column.
+        """
+        import torch
+
+        if self._cache is None:
             cache = {k: torch.from_numpy(v) for k, v in self._build_arrays().items()}
             if self._device is not None:
                 cache = {k: v.to(self._device) for k, v in cache.items()}
             self._cache = cache
-        return dict(self._cache)
+        out = dict(self._cache)
+        if "advantage" in self._df.columns:
+            adv = np.nan_to_num(self._df["advantage"].to_numpy(dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+            per_row = torch.from_numpy(adv).to(out["response_mask"].device)
+            out["advantages"] = per_row
+            out["token_advantages"] = per_row[:, None] * out["response_mask"].to(per_row.dtype)
+        return out
 
     def _build_arrays(self) -> dict[str, np.ndarray]:
         p_len, r_len = np.diff(self._p_off), np.diff(self._r_off)
@@ -430,7 +447,126 @@ class Rollouts:
         out.meta_info = list(self.meta_info)
         return out
 
+    # -- columns and rewards ---------------------------------------------------------------------
+    def with_columns(self, columns: Mapping[str, Sequence[Any]]) -> Rollouts:
+        """A new Rollouts with the same rows and tensors plus (or replacing) these df columns,
+        one value per row. rlgen's own columns (`prompt_index`, `completion`, ...) cannot be replaced."""
+        clash = sorted(set(columns) & set(COLUMNS))
+        if clash:
+            raise ValueError(f"{clash} are rlgen's own columns and cannot be replaced; use other names")
+        for name, values in columns.items():
+            if len(values) != len(self):
+                raise ValueError(f"column {name!r} has {len(values)} values for {len(self)} rows")
+        out = self._shallow_copy()
+        out._df = self._df.assign(**{name: list(v) if not hasattr(v, "dtype") else v for name, v in columns.items()})
+        return out
+
+    def add_rewards(
+        self,
+        funcs: RewardFunctions,
+        *,
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        style: Style | Mapping[str, Style] | None = None,
+        columns: Mapping[str, str] | None = None,
+        mode: Mode = "process",
+        timeout: float | None = 30.0,
+        workers: int | None = None,
+        batch_size: int = 64,
+        advantage: AdvantageMethod = "grpo",
+        eps: float = 1e-4,
+        progress: bool | None = None,
+    ) -> Rollouts:
+        """Score every row with your reward functions; returns a new Rollouts with reward columns.
+
+        Args:
+            funcs: a function, a list of them, or a dict name -> function. Each is called in its
+                own style, detected from its signature (see `style`): TRL batch functions
+                `f(prompts, completions, completion_ids, **columns)`, verl's
+                `compute_score(data_source, solution_str, ground_truth, extra_info)`, AReaL's
+                per-sample `f(prompt, completions, prompt_ids, completion_ids, **data)`,
+                `f(row)`, or `f(completion, answer, ...)` with parameters named after columns.
+            weights: per function (dict or list) for the combined `reward`; default 1 each.
+            style: force a style ("trl", "verl", "areal", "row", "columns"), for all or per name.
+            columns: where a parameter's values come from, e.g. {"ground_truth": "answer"}.
+            mode: "process" (default: a pool whose timeout really stops a hung call; a crash
+                marks its rows and the pool recovers), "thread" (cheap functions), or "inline"
+                (the debugging mode: runs here, and exceptions raise where %debug can see them).
+            timeout: seconds one call may take (process and thread modes); None: no limit.
+            workers: processes or threads (default: the CPU count).
+            batch_size: rows per call for batch (TRL) functions.
+            advantage: "grpo" ((r - mean) / (std + eps), std with ddof=1, TRL's default),
+                "drgrpo" (r - mean), "rloo" (leave-one-out) or "batch" (divide by the batch std).
+            eps: added to the std.
+            progress: a progress bar over rows (None: when there are many).
+
+        Columns added, per function `<name>`: `reward_<name>` (NaN unless ok),
+        `reward_<name>_status` (ok / none / error / timeout / bad_return / cancelled),
+        `reward_<name>_error`, `reward_<name>_traceback` (when something raised),
+        `reward_<name>_seconds`; then `reward` (weighted sum, NaN when every function gave NaN),
+        `group_mean`, `group_std`, `group_zero_std` and `advantage` per prompt group. Ctrl-C stops
+        scoring and keeps what was scored (the rest is marked "cancelled", with a warning).
+        """
+        from ._display import progress_bar
+        from ._rewards import rewards_columns, warn_notes
+
+        show = progress if progress is not None else (None if len(self) > 256 else False)
+        bar = progress_bar(total=len(self) * (len(funcs) if isinstance(funcs, (list, tuple, dict)) else 1),
+                           progress=show, desc="rewards", unit="row")
+        try:
+            cols, notes = rewards_columns(self, funcs, weights=weights, style=style, columns=columns, mode=mode,
+                                          timeout=timeout, workers=workers, batch_size=batch_size,
+                                          advantage=advantage, eps=eps, on_progress=bar.update)
+        finally:
+            bar.close()
+        warn_notes(notes)
+        return self.with_columns(cols)
+
+    def group_stats(self, *, reward: str = "reward", correct: str | None = None, threshold: float = 1.0,
+                    k: int | Sequence[int] = (1,)) -> pd.DataFrame:
+        """One row per prompt group: n, mean, std, zero_std (every sample scored the same) and,
+        with `correct` (a bool column, or a numeric one where value >= threshold counts), the
+        number correct and pass@k for each k (Chen et al., 2021; NaN when k > n)."""
+        from ._reward_summary import group_table
+        from ._rewards import group_keys
+
+        ks = [k] if isinstance(k, int) else list(k)
+        return group_table(self._df, group_keys(self._df), reward=reward, correct=correct, threshold=threshold,
+                           ks=ks)
+
+    def pass_at_k(self, k: int | Sequence[int], *, correct: str = "reward", threshold: float = 1.0) -> pd.Series:
+        """Mean pass@k over prompt groups, for each k: the unbiased estimator of Chen et al. (2021)
+        from each group's n samples and c correct ones (1 when n - c < k). A row is correct when
+        the `correct` column is True, or (numeric) at least `threshold`."""
+        import pandas as pd
+
+        ks = [k] if isinstance(k, int) else list(k)
+        for value in ks:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"k must be ints >= 1, got {value!r}")
+        table = self.group_stats(reward=correct if correct in self._df.columns else "reward", correct=correct,
+                                 threshold=threshold, k=ks)
+        return pd.Series({f"pass@{v}": float(table[f"pass@{v}"].mean()) for v in ks}, name="pass_at_k")
+
+    def reward_summary(self) -> RewardSummary:
+        """Per reward function: mean and std, how often it was ok / none / error / timeout /
+        bad_return (with the commonest error), its p95 call time, the share of prompt groups with
+        no spread, its correlation with completion length and its mean by finish reason; and
+        flags in plain language for what looks wrong."""
+        from ._reward_summary import summarize
+        from ._rewards import group_keys
+
+        return summarize(self._df, group_keys(self._df))
+
     # -- summaries and per-row token access (for display and debugging) --------------------------
+    def id_lists(self, which: str = "response") -> list[list[int]]:
+        """Each row's token ids as a plain list: "response" (the completion's) or "prompt"."""
+        if which not in ("response", "prompt"):
+            raise ValueError(f"which must be 'response' or 'prompt', got {which!r}")
+        ids, off = (self._r_ids, self._r_off) if which == "response" else (self._p_ids, self._p_off)
+        flat = ids.tolist()
+        bounds = off.tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
     @property
     def n_tokens(self) -> int:
         """Response tokens over all rows."""

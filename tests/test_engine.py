@@ -473,3 +473,13 @@ def test_each_row_of_a_batch_has_its_own_latency(engine) -> None:
     tokens, latency = res.df.completion_tokens.tolist(), res.df.latency_s.tolist()
     assert tokens[0] < tokens[2]  # the chat answer stops early, the story runs to max_new_tokens
     assert 0 < latency[0] < latency[2]
+
+
+def test_per_prompt_data_joins_every_sample_of_its_prompt_and_chats_keep_their_messages(engine) -> None:
+    chats = [[{"role": "user", "content": "Say A"}], [{"role": "user", "content": "Say B"}]]
+    res = engine.generate(chats, n=2, max_new_tokens=1, data=[{"answer": "A"}, {"answer": "B"}])
+    assert res.df["answer"].tolist() == ["A", "A", "B", "B"]
+    assert res.df["prompt_messages"].tolist()[2] == chats[1]
+    assert res[2:].df["answer"].tolist() == ["B", "B"]  # data follows selection
+    with pytest.raises(ValueError, match="data has 1 rows for 2 prompts"):
+        engine.generate(chats, max_new_tokens=1, data={"answer": ["A"]})

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlgen._prompts import normalize_prompts
+import pandas as pd
+
+from rlgen._prompts import normalize_prompts, prompt_data
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +88,28 @@ def test_every_usual_chat_role_is_accepted(tok) -> None:
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
     assert "Be brief." in norm([chat], tok).texts[0]
+
+
+@pytest.mark.parametrize("data", [
+    pd.DataFrame({"answer": ["4", "9"], "task": ["add", "mul"]}, index=[10, 20]),
+    [{"answer": "4", "task": "add"}, {"answer": "9", "task": "mul"}],
+    {"answer": ["4", "9"], "task": ["add", "mul"]},
+])
+def test_per_prompt_data_comes_as_a_frame_a_list_of_dicts_or_a_dict_of_lists(data) -> None:
+    assert prompt_data(data, 2, reserved=["completion"]) == {"answer": ["4", "9"], "task": ["add", "mul"]}
+
+
+def test_a_missing_key_in_a_list_of_dicts_gives_none() -> None:
+    assert prompt_data([{"a": 1}, {"b": 2}], 2, reserved=[]) == {"a": [1, None], "b": [None, 2]}
+
+
+@pytest.mark.parametrize("data, error, match", [
+    ({"answer": ["4"]}, ValueError, "data has 1 rows for 2 prompts"),
+    ([{"completion": "x"}, {"completion": "y"}], ValueError, r"\['completion'\] would replace rlgen's own"),
+    ({"a": ["1", "2"], "b": ["1"]}, ValueError, "different lengths"),
+    ("answers.csv", TypeError, "data must be a DataFrame"),
+    ([1, 2], TypeError, "one dict per prompt"),
+])
+def test_bad_per_prompt_data_is_refused_before_sending(data, error, match) -> None:
+    with pytest.raises(error, match=match):
+        prompt_data(data, 2, reserved=["completion"])

@@ -1,0 +1,294 @@
+"""Scoring rollouts with the user's reward functions: the columns `Rollouts.add_rewards` adds.
+
+Owns: checking the reward functions and options before anything runs (names, weights, styles,
+columns, timeout); running each function over every row through `_reward_exec` (process pool,
+threads or inline) in the style `_reward_styles` recognised; the per-function columns (value,
+status, error, traceback, seconds, a dict return's extra keys); the combined `reward`; and the
+group columns (`group_mean`, `group_std`, `group_zero_std`, `advantage`) from `_group_stats`.
+Knows nothing about servers, tensors or display: it reads a Rollouts through its public API and
+returns the new columns.
+
+Columns, per function `<name>`:
+  reward_<name>            float, NaN unless the row's status is "ok"
+  reward_<name>_status     "ok" | "none" | "error" | "timeout" | "bad_return" | "cancelled"
+  reward_<name>_error      "ExcType: message" or what came back (None when ok)
+  reward_<name>_traceback  the full traceback of an error (only when some row raised)
+  reward_<name>_seconds    the call's own time per row (a batch call's time split over its rows)
+  reward_<name>_<key>      the other keys of a dict return (verl's `{"score": ..., "acc": ...}`)
+then, for all of them together:
+  reward           the weighted sum over functions whose value is finite; NaN when none is
+  group_mean, group_std, group_zero_std, advantage   (see `_group_stats`), per prompt group
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from . import _group_stats, _reward_exec, _reward_styles
+from ._reward_styles import STYLES, Checked, RowBatch, Style
+
+if TYPE_CHECKING:
+    from ._results import Rollouts
+
+__all__ = ["RewardFunctions", "group_keys", "rewards_columns"]
+
+RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
+Mode = Literal["process", "thread", "inline"]
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Columns rlgen writes for each prompt group; a second add_rewards call replaces them.
+GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
+# Columns of a Rollouts that are not the user's own data (left out of TRL's **columns etc.).
+_OWN = frozenset({"prompt_messages", "ttft_s", "itl_s"})
+
+
+@dataclass(frozen=True)
+class _Function:
+    name: str
+    fn: Callable[..., Any]
+    style: Style
+    weight: float
+
+
+def rewards_columns(
+    res: Rollouts,
+    funcs: RewardFunctions,
+    *,
+    weights: Mapping[str, float] | Sequence[float] | None = None,
+    style: Style | Mapping[str, Style] | None = None,
+    columns: Mapping[str, str] | None = None,
+    mode: Mode = "process",
+    timeout: float | None = 30.0,
+    workers: int | None = None,
+    batch_size: int = 64,
+    advantage: _group_stats.AdvantageMethod = "grpo",
+    eps: float = _group_stats.DEFAULT_EPS,
+    on_progress: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The columns `res.add_rewards(...)` adds, and warnings to show (see the module docstring)."""
+    functions = _resolve(funcs, weights=weights, style=style)
+    if columns is not None and (not isinstance(columns, Mapping)
+                                or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items())):
+        raise TypeError("columns must map a function's parameter name to a column name, e.g. {'ground_truth': 'answer'}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if advantage not in _group_stats.ADVANTAGE_METHODS:
+        raise ValueError(f"advantage must be one of {', '.join(map(repr, _group_stats.ADVANTAGE_METHODS))}, "
+                         f"got {advantage!r}")
+    df = res.df
+    taken = [f"reward_{f.name}" for f in functions if f"reward_{f.name}" in df.columns]
+    if taken:
+        raise ValueError(f"the rollouts already have {taken}; score into new names (pass a dict {{'name': fn}}) "
+                         "or drop those columns first")
+    rows = _row_batch(res)
+    # Build every function's calls before running any, so a missing column fails at once.
+    plans = [(f, _reward_styles.build_calls(f.fn, f.style, rows, columns=columns or {}, batch_size=batch_size))
+             for f in functions]
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    values = []
+    for f, calls in plans:
+        outcomes, interrupted = _run(f, calls, mode=mode, timeout=timeout, workers=workers, on_progress=on_progress)
+        cols = _function_columns(f.name, calls, outcomes, len(rows), batch=f.style == "trl")
+        out.update(cols)
+        values.append((f.weight, np.asarray(cols[f"reward_{f.name}"], dtype=np.float64)))
+        if interrupted:
+            left = sum(s == "cancelled" for s in cols[f"reward_{f.name}_status"])
+            notes.append(f"scoring was interrupted: {left} of {len(rows)} rows of {f.name!r} are marked 'cancelled'")
+            for g, _ in plans[len(values):]:
+                out.update(_cancelled_columns(g.name, len(rows)))
+                values.append((g.weight, np.full(len(rows), np.nan)))
+            break
+    total = _weighted_sum(values)
+    groups = group_keys(df)
+    stats = _group_stats.group_arrays(total, groups)
+    out["reward"] = total
+    out["group_mean"] = stats.mean
+    out["group_std"] = stats.std
+    out["group_zero_std"] = stats.zero_std
+    out["advantage"] = _group_stats.advantages(total, groups, method=advantage, eps=eps)
+    replaced = [c for c in GROUP_COLUMNS if c in df.columns]
+    if replaced:
+        notes.append(f"replaced {replaced}: 'reward' sums this call's functions only")
+    return out, notes
+
+
+def group_keys(df: Any) -> np.ndarray:
+    """One group id per row: the prompt, within its run when the rollouts carry a `run` column."""
+    if "run" in df.columns:
+        return np.asarray([f"{run}\x00{p}" for run, p in zip(df["run"], df["prompt_index"])], dtype=object)
+    return np.asarray(df["prompt_index"])
+
+
+def _resolve(funcs: RewardFunctions, *, weights: Mapping[str, float] | Sequence[float] | None,
+             style: Style | Mapping[str, Style] | None) -> list[_Function]:
+    if isinstance(funcs, Mapping):
+        named = list(funcs.items())
+    elif callable(funcs):
+        named = [(_default_name(funcs), funcs)]
+    elif isinstance(funcs, Sequence) and not isinstance(funcs, (str, bytes)):
+        named = [(_default_name(f), f) for f in funcs]
+    else:
+        raise TypeError(f"funcs must be a function, a list of functions or a dict name -> function, "
+                        f"got {type(funcs).__name__}")
+    if not named:
+        raise ValueError("give at least one reward function")
+    names = [n for n, _ in named]
+    for name, fn in named:
+        if not callable(fn):
+            raise TypeError(f"reward {name!r} is a {type(fn).__name__}, not a function")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"reward name {name!r} is not usable as a column suffix; name it with a dict "
+                             "{'my_reward': fn} (letters, digits, underscores)")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"two reward functions are named {dupes[0]!r}; pass a dict with distinct names")
+    weight_of = _weights(weights, names)
+    styles = _styles(style, names)
+    return [_Function(name, fn, styles.get(name) or _reward_styles.detect_style(fn), weight_of[name])
+            for name, fn in named]
+
+
+def _default_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
+    if not name or name == "<lambda>":
+        raise ValueError(f"{fn!r} has no name to put in its column; pass a dict {{'my_reward': fn}}")
+    return str(name)
+
+
+def _weights(weights: Mapping[str, float] | Sequence[float] | None, names: list[str]) -> dict[str, float]:
+    if weights is None:
+        return dict.fromkeys(names, 1.0)
+    if isinstance(weights, Mapping):
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise ValueError(f"weights name {unknown} but the reward functions are {names}")
+        given = {n: weights.get(n, 1.0) for n in names}
+    else:
+        if isinstance(weights, (str, bytes)) or len(weights) != len(names):
+            raise ValueError(f"give one weight per reward function ({len(names)}), or a dict name -> weight")
+        given = dict(zip(names, weights))
+    for name, w in given.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise ValueError(f"the weight of {name!r} must be a finite number, got {w!r}")
+    return {n: float(w) for n, w in given.items()}
+
+
+def _styles(style: Style | Mapping[str, Style] | None, names: list[str]) -> dict[str, Style]:
+    if style is None:
+        return {}
+    forced = dict(style) if isinstance(style, Mapping) else dict.fromkeys(names, style)
+    unknown = sorted(set(forced) - set(names))
+    if unknown:
+        raise ValueError(f"style names {unknown} but the reward functions are {names}")
+    for name, s in forced.items():
+        if s not in STYLES:
+            raise ValueError(f"unknown style {s!r} for {name!r}; styles are {', '.join(map(repr, STYLES))}")
+    return forced
+
+
+def _row_batch(res: Rollouts) -> RowBatch:
+    df = res.df
+    columns = {c: df[c].tolist() for c in df.columns}
+    data_columns = [c for c in res.extra_columns if c not in _OWN and not _is_reward_column(c)]
+    return RowBatch(
+        columns=columns,
+        completion_ids=res.id_lists("response"),
+        prompt_ids=res.id_lists("prompt"),
+        data_columns=data_columns,
+        chats=columns.get("prompt_messages"),
+    )
+
+
+def _is_reward_column(name: str) -> bool:
+    return name.startswith("reward_") or name in GROUP_COLUMNS
+
+
+def _run(f: _Function, calls: list[tuple[list[int], tuple[Any, ...], dict[str, Any]]], *, mode: Mode,
+         timeout: float | None, workers: int | None,
+         on_progress: Callable[[int], None] | None) -> tuple[list[_reward_exec.Outcome], bool]:
+    """Run one function's calls; (outcomes, whether Ctrl-C stopped it: the rest are 'cancelled')."""
+    exec_calls = [_reward_exec.Call(args=args, kwargs=kwargs) for _, args, kwargs in calls]
+    sizes = [len(idx) for idx, _, _ in calls]
+
+    def progress(k: int) -> None:
+        if on_progress is not None:
+            on_progress(k)
+
+    advance = progress if f.style != "trl" else _batch_progress(sizes, progress)
+    try:
+        return _reward_exec.run_calls(f.fn, exec_calls, mode=mode, timeout=timeout, workers=workers,
+                                      on_progress=advance), False
+    except _reward_exec.RunInterrupted as stop:
+        return list(stop.outcomes), True
+
+
+def _batch_progress(sizes: list[int], progress: Callable[[int], None]) -> Callable[[int], None]:
+    """Turn "k calls finished" into rows finished, for batch-style functions."""
+    done = [0]
+
+    def advance(k: int) -> None:
+        rows = sum(sizes[done[0]:done[0] + k])
+        done[0] += k
+        progress(rows)
+
+    return advance
+
+
+def _function_columns(name: str, calls: list[tuple[list[int], tuple[Any, ...], dict[str, Any]]],
+                      outcomes: Sequence[_reward_exec.Outcome], n_rows: int, *, batch: bool) -> dict[str, Any]:
+    value = np.full(n_rows, np.nan)
+    status: list[str] = ["cancelled"] * n_rows
+    error: list[str | None] = [None] * n_rows
+    trace: list[str | None] = [None] * n_rows
+    seconds = np.full(n_rows, np.nan)
+    extra: dict[str, list[Any]] = {}
+    for (idx, _, _), outcome in zip(calls, outcomes):
+        per_row = outcome.seconds / len(idx) if idx else 0.0
+        if outcome.status != "ok":
+            for i in idx:
+                status[i], error[i], trace[i], seconds[i] = outcome.status, outcome.error, outcome.traceback, per_row
+            continue
+        checked = _reward_styles.check_values(outcome.value, len(idx)) if batch else [
+            _reward_styles.check_value(outcome.value)]
+        for i, c in zip(idx, checked):
+            value[i], status[i], error[i], seconds[i] = c.value, c.status, c.error, per_row
+            for key, v in c.extra.items():
+                extra.setdefault(key, [None] * n_rows)[i] = v
+    cols: dict[str, Any] = {
+        f"reward_{name}": value,
+        f"reward_{name}_status": status,
+        f"reward_{name}_error": error,
+    }
+    if any(t is not None for t in trace):
+        cols[f"reward_{name}_traceback"] = trace
+    cols[f"reward_{name}_seconds"] = seconds
+    cols.update({f"reward_{name}_{_column_suffix(key)}": v for key, v in extra.items()})
+    return cols
+
+
+def _cancelled_columns(name: str, n_rows: int) -> dict[str, Any]:
+    return {f"reward_{name}": np.full(n_rows, np.nan), f"reward_{name}_status": ["cancelled"] * n_rows,
+            f"reward_{name}_error": [None] * n_rows, f"reward_{name}_seconds": np.full(n_rows, np.nan)}
+
+
+def _column_suffix(key: str) -> str:
+    return re.sub(r"\W", "_", key)
+
+
+def _weighted_sum(values: list[tuple[float, np.ndarray]]) -> np.ndarray:
+    stacked = np.stack([w * v for w, v in values])
+    finite = np.isfinite(stacked)
+    total = np.where(finite, stacked, 0.0).sum(axis=0)
+    return np.where(finite.any(axis=0), total, np.nan)
+
+
+def warn_notes(notes: list[str]) -> None:
+    for note in notes:
+        warnings.warn(note, stacklevel=3)

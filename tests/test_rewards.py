@@ -1,0 +1,170 @@
+"""Rollouts.add_rewards and what reads its columns: real reward functions over real Rollouts,
+in real worker processes (hangs, crashes, bad returns), with group statistics and a summary."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rlgen._results import Rollouts, rollouts_from_responses
+
+ANSWERS = ["4", "7"]
+COMPLETIONS = ["4", "The answer is 4", "five", "", "7", "7", "8", "seven"]
+
+
+def make_rollouts(completions: list[str] = COMPLETIONS, n: int = 4) -> Rollouts:
+    entries = [{"text": c, "output_ids": list(range(1, 2 + i % 3)),
+                "meta_info": {"finish_reason": {"type": "length" if i % 4 == 3 else "stop"},
+                              "completion_tokens": 1 + i % 3}}
+               for i, c in enumerate(completions)]
+    res = rollouts_from_responses(entries, prompt_ids=[[1, 2]] * (len(completions) // n), n=n, pad_token_id=0)
+    return res.with_columns({"answer": [ANSWERS[i // n % 2] for i in range(len(completions))]})
+
+
+def exact(completion: str, answer: str) -> float:
+    return float(completion.strip() == answer)
+
+
+def contains(completion: str, answer: str) -> float:
+    return float(answer in completion)
+
+
+def test_a_columns_style_reward_gets_its_columns_the_combined_reward_and_grpo_advantages() -> None:
+    res = make_rollouts().add_rewards(exact, mode="inline")
+    df = res.df
+    assert df["reward_exact"].tolist() == [1, 0, 0, 0, 1, 1, 0, 0]
+    assert (df["reward_exact_status"] == "ok").all() and df["reward_exact_error"].isna().all()
+    assert df["reward"].tolist() == df["reward_exact"].tolist()
+    first = np.array([1, 0, 0, 0], dtype=float)
+    np.testing.assert_allclose(df["advantage"][:4], (first - first.mean()) / (first.std(ddof=1) + 1e-4))
+    assert not df["group_zero_std"].any()
+
+
+def test_weights_combine_several_functions_and_advantages_reach_the_tensors() -> None:
+    res = make_rollouts().add_rewards({"exact": exact, "contains": contains}, weights={"contains": 0.5},
+                                      mode="thread")
+    np.testing.assert_allclose(res.df["reward"], res.df["reward_exact"] + 0.5 * res.df["reward_contains"])
+    t = res.tensors()
+    assert t["advantages"].shape == (8,)
+    assert (t["token_advantages"][~t["response_mask"]] == 0).all()
+    np.testing.assert_allclose(t["token_advantages"][:, 0].numpy(), res.df["advantage"].to_numpy(), rtol=1e-6)
+
+
+def test_a_trl_batch_function_runs_unchanged_and_a_wrong_length_is_marked_not_broadcast() -> None:
+    def trl_len(prompts, completions, completion_ids, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    def trl_short(prompts, completions, **kwargs):
+        return [1.0] * (len(completions) - 1)
+
+    res = make_rollouts().add_rewards([trl_len, trl_short], mode="inline", batch_size=3)
+    assert res.df["reward_trl_len"].tolist() == [float(len(c)) for c in COMPLETIONS]
+    assert (res.df["reward_trl_short_status"] == "bad_return").all()
+    assert "returned 2 values for 3 completions" in res.df["reward_trl_short_error"][0]
+
+
+def test_a_verl_compute_score_dict_return_gives_the_score_and_extra_columns() -> None:
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
+
+    res = make_rollouts().add_rewards(compute_score, mode="inline")
+    assert res.df["reward_compute_score"].tolist() == [1, 0, 0, 0, 1, 1, 0, 0]
+    assert res.df["reward_compute_score_acc"].tolist()[:2] == [True, False]
+
+
+@pytest.mark.timeout(120)
+def test_in_the_pool_a_hung_call_times_out_a_crash_is_marked_and_every_other_row_is_scored() -> None:
+    def fragile(completion: str, answer: str) -> float | None:
+        if completion == "five":
+            time.sleep(60)
+        if completion == "seven":
+            os._exit(3)
+        if completion == "":
+            raise ValueError("empty completion")
+        if completion == "8":
+            return None
+        return float(completion.strip() == answer)
+
+    res = make_rollouts().add_rewards(fragile, mode="process", timeout=2, workers=2)
+    status = res.df["reward_fragile_status"].tolist()
+    assert status == ["ok", "ok", "timeout", "error", "ok", "ok", "none", "error"]
+    assert res.df["reward_fragile"].tolist()[:2] == [1, 0] and math.isnan(res.df["reward_fragile"][6])
+    assert res.df["reward_fragile_error"][3] == "ValueError: empty completion"
+    assert "ValueError" in res.df["reward_fragile_traceback"][3]
+
+
+def test_a_string_or_nan_return_is_a_bad_return_for_that_row_only() -> None:
+    def sloppy(completion: str) -> object:
+        return {"4": "1.0", "7": float("nan")}.get(completion, 0.0)
+
+    res = make_rollouts().add_rewards(sloppy, mode="inline")
+    status = res.df["reward_sloppy_status"].tolist()
+    assert status[0] == "bad_return" and status[4] == "bad_return" and status[1] == "ok"
+    assert "return a float" in res.df["reward_sloppy_error"][0]
+
+
+def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
+    def broken(completion: str) -> float:
+        raise KeyError("oops")
+
+    with pytest.raises(KeyError, match="oops"):
+        make_rollouts().add_rewards(broken, mode="inline")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"funcs": 3}, TypeError, "funcs must be"),
+    ({"funcs": [exact, exact]}, ValueError, "two reward functions are named 'exact'"),
+    ({"funcs": lambda completion: 1.0}, ValueError, "has no name"),
+    ({"funcs": exact, "weights": {"exactt": 1.0}}, ValueError, r"weights name \['exactt'\]"),
+    ({"funcs": exact, "style": "openai"}, ValueError, "unknown style 'openai'"),
+    ({"funcs": exact, "timeout": 0}, ValueError, "timeout"),
+    ({"funcs": exact, "columns": {"answer": "answr"}}, ValueError, "did you mean 'answer'"),
+    ({"funcs": {"ok": "not a function"}}, TypeError, "not a function"),
+])
+def test_bad_arguments_fail_before_anything_runs(kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        make_rollouts().add_rewards(**{"mode": "thread", **kwargs})
+
+
+def test_group_stats_and_pass_at_k_follow_the_rewards() -> None:
+    res = make_rollouts().add_rewards(exact, mode="inline")
+    table = res.group_stats(correct="reward_exact", k=[1, 2])
+    assert table["n"].tolist() == [4, 4] and table["correct"].tolist() == [1, 2]
+    assert table["pass@1"].tolist() == [0.25, 0.5]
+    assert table["pass@2"].tolist() == pytest.approx([1 - 3 / 6, 1 - 1 / 6])
+    assert res.pass_at_k([1, 2], correct="reward_exact").tolist() == pytest.approx([0.375, (0.5 + 5 / 6) / 2])
+
+
+def test_the_summary_flags_errors_constant_rewards_and_truncated_completions_scoring_higher() -> None:
+    def raises_on_empty(completion: str) -> float:
+        if not completion:
+            raise ValueError("no text")
+        return 1.0
+
+    def rewards_truncation(completion: str, finish_reason: str) -> float:
+        return 1.0 if finish_reason == "length" else 0.0
+
+    res = make_rollouts(COMPLETIONS * 2, n=4).add_rewards([raises_on_empty, rewards_truncation], mode="inline")
+    summary = res.reward_summary()
+    text = "\n".join(summary.flags)
+    assert "raises_on_empty: 12% of rows raised ValueError: no text" in text
+    assert "raises_on_empty: every scored row got 1" in text
+    assert "rewards_truncation: truncated completions score higher than finished ones" in text
+    assert summary.table.loc["raises_on_empty", "frac_error"] == pytest.approx(2 / 16)
+
+
+def test_reward_columns_survive_selection_concat_and_parquet(tmp_path) -> None:
+    res = make_rollouts().add_rewards(exact, mode="inline")
+    assert res[2:5].df["reward_exact"].tolist() == [0, 0, 1]
+    both = Rollouts.concat([res, res])
+    assert len(both.df) == 16 and "advantage" in both.df
+    path = tmp_path / "r.parquet"
+    res.to_parquet(path)
+    back = Rollouts.from_parquet(path)
+    pd.testing.assert_series_equal(back.df["reward_exact_status"], res.df["reward_exact_status"],
+                                   check_dtype=False)
