@@ -246,8 +246,13 @@ def test_release_memory_needs_the_memory_saver_and_says_so(model_path: str) -> N
             eng.metrics()
 
 
-def test_flush_cache_answers(engine) -> None:
+def test_flush_cache_empties_the_prefix_cache(engine) -> None:
+    engine.generate(CAPITAL, max_new_tokens=1)
+    again = engine.generate(CAPITAL, max_new_tokens=1)
+    assert again.df.cached_tokens[0] > 0  # the prompt's prefix came from the cache
     engine.flush_cache()
+    after = engine.generate(CAPITAL, max_new_tokens=1)
+    assert after.df.cached_tokens.tolist() == [0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ SGLANG_API_VERSION = "0.5.17"
 _HEALTH_TIMEOUT_S = 20.0
 # A running batch that stepped this recently counts as healthy without queueing a probe.
 _RECENT_PROGRESS_S = 1.0
+_FLUSH_CACHE_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+    "the operation will not be performed.)\n"
+)
 
 _UNSUPPORTED_TOP_LEVEL = (
     "input_embeds", "image_data", "video_data", "audio_data", "token_ids_logprob",
@@ -199,7 +203,7 @@ class Routes:
             "prompt_tokens": out.prompt_tokens,
             "weight_version": self.state.weight_version,
             "completion_tokens": len(out.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": out.cached_tokens,
         }
         if item.return_logprob:
             text = self.state.token_text if item.return_text_in_logprobs else None
@@ -304,15 +308,28 @@ class Routes:
         return web.Response(status=200)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # No prefix cache on the CPU, so there is never anything to refuse.
-        return web.Response(
-            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-            "waiting requests, the operation will not be performed.)\n",
-        )
+        """Empty the prefix cache; SGLang answers 400 with the same text while requests run or wait."""
+        runner = self.state.runner
+        flushed = await self._on_scheduler(runner.flush_cache, barrier=False)
+        return web.Response(text=_FLUSH_CACHE_TEXT, status=200 if flushed else 400)
 
     async def memory_occupation(self, request: web.Request) -> web.Response:
         # CPU memory is not released; SGLang's handler returns None, serialized as `null`.
         return _json(None)
+
+    async def _on_scheduler(self, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
+        """Run `fn` on the scheduler thread (see Runner.call) and return its result or raise its error."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def finish(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                loop.call_soon_threadsafe(done.set_exception, error)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        self.state.runner.call(fn, finish, barrier=barrier)
+        return await done
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:

@@ -361,8 +361,13 @@ def test_the_server_serves_normally_after_an_abort(target) -> None:
 # Control endpoints
 
 
-def test_flush_cache_answers_200_when_idle(target) -> None:
-    assert target.post("/flush_cache")[0] == 200
+def test_flush_cache_empties_the_prefix_cache_and_answers_200_when_idle(target) -> None:
+    body = {"input_ids": target.chat_ids("Name a colour."), "sampling_params": {**GREEDY, "max_new_tokens": 1}}
+    target.generate(body)
+    assert target.generate(body)["meta_info"]["cached_tokens"] > 0  # the repeated prompt's prefix
+    status, text = target.post("/flush_cache")
+    assert status == 200 and "Cache flushed" in text
+    assert target.generate(body)["meta_info"]["cached_tokens"] == 0
 
 
 def test_update_weights_from_disk_reloads_and_sets_the_weight_version(target) -> None:
