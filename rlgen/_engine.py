@@ -611,7 +611,7 @@ class Engine:
         self._released = self._released - resumed
         # Seen on SGLang 0.5.17: resume restores the weights' memory but not their values (greedy
         # output was empty). Reload them from disk, keeping the weight version.
-        if "weights" in resumed and self.backend != "cpu":
+        if "weights" in resumed:
             info = _loop.run_sync(self._client.get_info("model", timeout=30))
             _loop.run_sync(self._client.post("/update_weights_from_disk", {
                 "model_path": self._weights_path or self.model_path,

@@ -368,6 +368,27 @@ def test_update_weights_from_disk_reloads_and_rejects_a_bad_path(server: _Server
 
 
 @pytest.mark.timeout(120)
+def test_released_weights_refuse_generation_and_resume_without_values_until_reloaded(server: _Server, model_path: str) -> None:
+    # SGLang 0.5.17 with --enable-memory-saver: resume gives the weights' memory back, not their
+    # values (greedy output was empty there); update_weights_from_disk restores them.
+    body = {"text": "The capital of France is", "sampling_params": {"temperature": 0.0, "max_new_tokens": 6}}
+    status, before = _post(server.url + "/generate", body)
+    assert status == 200 and before["text"]
+    assert _post(server.url + "/release_memory_occupation", {}) == (200, None)
+    status, answer = _post(server.url + "/generate", body)
+    assert status == 503 and "memory is released" in answer["message"], answer
+    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path})
+    assert status == 400 and "released" in answer["message"], answer
+    assert _post(server.url + "/resume_memory_occupation", {}) == (200, None)
+    status, resumed = _post(server.url + "/generate", body)
+    assert status == 200 and resumed["text"] == "" and resumed["output_ids"] != before["output_ids"]
+    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path})
+    assert status == 200 and answer["success"] is True, answer
+    status, after = _post(server.url + "/generate", body)
+    assert status == 200 and after["output_ids"] == before["output_ids"]
+
+
+@pytest.mark.timeout(120)
 def test_binding_a_port_in_use_fails_clearly(server: _Server, model_path: str) -> None:
     second = _Server(model_path, server.port)
     try:

@@ -12,7 +12,8 @@ that share their prefix. Machines without a GPU (and the test suite) use it in p
 Modules:
     __main__       command line, startup phases and their log lines, binding, shutdown
     _app           aiohttp routes: request validation, response and SSE shaping (docs/sglang-api.md)
-    _runner        the scheduler thread that owns the model: prefill, decode loop, sampling, stops
+    _runner        the scheduler thread that owns the model: prefill, decode loop, sampling, stops,
+                   memory release and resume
     _prefix_cache  the KV of earlier prompts, for reuse (SGLang's radix cache, as a bounded list)
     _faults        fault modes driven by RLGEN_CPU_* environment variables, for lifecycle tests
 """

@@ -49,8 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-prefill-tokens", type=int, default=8192)
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache: every prompt is prefilled whole")
     parser.add_argument("--log-level", default="info")
-    # Accepted for SGLang compatibility; they change nothing on the CPU.
-    parser.add_argument("--enable-metrics", action="store_true")
+    parser.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    # Accepted for SGLang compatibility; they change nothing on the CPU (/release_memory_occupation
+    # frees memory with or without --enable-memory-saver).
+    parser.add_argument("--enable-memory-saver", action="store_true")
     parser.add_argument("--mem-fraction-static", type=float, default=None)
     parser.add_argument("--disable-cuda-graph", action="store_true")
     parser.add_argument("--disable-prefill-cuda-graph", action="store_true")
@@ -178,6 +180,7 @@ def _server_args(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
         "max_running_requests": runner.max_running_requests,
         "max_prefill_tokens": runner.max_prefill_tokens,
         "disable_radix_cache": args.disable_radix_cache,
+        "enable_memory_saver": args.enable_memory_saver,
         "mem_fraction_static": args.mem_fraction_static,
         "disable_cuda_graph": args.disable_cuda_graph,
         "enable_metrics": args.enable_metrics,

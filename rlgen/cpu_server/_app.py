@@ -113,8 +113,8 @@ def build_app(state: ServerState) -> web.Application:
         app.router.add_route("GET", path, routes.weight_version_removed)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", routes.flush_cache)
-        app.router.add_route(method, "/release_memory_occupation", routes.memory_occupation)
-        app.router.add_route(method, "/resume_memory_occupation", routes.memory_occupation)
+        app.router.add_route(method, "/release_memory_occupation", routes.release_memory_occupation)
+        app.router.add_route(method, "/resume_memory_occupation", routes.resume_memory_occupation)
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", routes.generate)
     app.router.add_post("/abort_request", routes.abort_request)
@@ -313,8 +313,24 @@ class Routes:
         flushed = await self._on_scheduler(runner.flush_cache, barrier=False)
         return web.Response(text=_FLUSH_CACHE_TEXT, status=200 if flushed else 400)
 
-    async def memory_occupation(self, request: web.Request) -> web.Response:
-        # CPU memory is not released; SGLang's handler returns None, serialized as `null`.
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        """Free the memory of the body's `tags` (all without tags) once running requests finish."""
+        try:
+            tags = _memory_tags_body(await _json_body(request))
+        except RequestValidationError as e:
+            return _validation_error(str(e))
+        runner = self.state.runner
+        await self._on_scheduler(lambda: runner.release_memory(tags))
+        return _json(None)  # SGLang's handler returns None, serialized as `null`
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        """Take the memory back; released weights stay without their values until a reload."""
+        try:
+            tags = _memory_tags_body(await _json_body(request))
+        except RequestValidationError as e:
+            return _validation_error(str(e))
+        runner = self.state.runner
+        await self._on_scheduler(lambda: runner.resume_memory(tags))
         return _json(None)
 
     async def _on_scheduler(self, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
@@ -768,6 +784,11 @@ def _typed(
     if not ok:
         raise RequestValidationError(f"Input should be {expected}: body.{name} (got {value!r:.80})")
     return value
+
+
+def _memory_tags_body(body: Any) -> list[str] | None:
+    """The `tags` of a release/resume body (ReleaseMemoryOccupationReqInput); None means all."""
+    return _typed(body, "tags", (list, type(None)), "a list of strings", items=(str,))
 
 
 def _typed_input_ids(body: dict[str, Any]) -> list[Any] | None:

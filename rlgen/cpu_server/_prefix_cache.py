@@ -1,9 +1,9 @@
 """The CPU backend's prefix cache: the KV of prompts already prefilled, for reuse by later prompts.
 
 Owns: storing one prompt's keys and values per layer, finding the longest cached prefix of a new
-prompt, least-recently-used eviction under a byte budget, and clearing (flush, weight changes).
-Knows nothing about batching, padding, models or HTTP: the runner decides what to insert and how to
-splice a hit into its batch.
+prompt, least-recently-used eviction under a byte budget, and clearing (flush, weight changes,
+memory release). Knows nothing about batching, padding, models or HTTP: the runner decides what to
+insert and how to splice a hit into its batch.
 
 Like SGLang's radix cache with page size 1, a hit can be any common prefix of a cached prompt,
 down to one token: the keys and values of positions 0..m-1 depend only on tokens 0..m-1. Unlike

@@ -1,10 +1,11 @@
 """The CPU model runner: a scheduler thread that owns a transformers causal LM.
 
-Owns: loading (and reloading) the weights, the one running batch (left-padded, with a KV cache),
-prefill with prompt logprobs and prefix-cache hits (`_prefix_cache`), the manual decode loop,
-per-row sampling (temperature, top-k/top-p/min-p, penalties, seeds), stop conditions, aborts, and
-the inbox through which the HTTP layer submits work. It knows nothing about HTTP or JSON: results
-leave as `SeqOutput` snapshots through each job's `sink` callback, called on the scheduler thread.
+Owns: loading (and reloading) the weights, releasing and resuming memory (weights, KV cache) the
+way SGLang's memory saver does, the one running batch (left-padded, with a KV cache), prefill with
+prompt logprobs and prefix-cache hits (`_prefix_cache`), the manual decode loop, per-row sampling
+(temperature, top-k/top-p/min-p, penalties, seeds), stop conditions, aborts, and the inbox through
+which the HTTP layer submits work. It knows nothing about HTTP or JSON: results leave as
+`SeqOutput` snapshots through each job's `sink` callback, called on the scheduler thread.
 
 Batching works like a small continuous-batching engine. Waiting jobs are prefilled together as
 one padded batch and merged into the running batch (both are padded on the left to a common
@@ -45,6 +46,8 @@ _LOGPROB_MIN = torch.finfo(torch.float32).min
 _DECODE_LOG_INTERVAL = 40
 # The prefix cache's default size: a bound on the memory it holds, whatever the traffic.
 DEFAULT_PREFIX_CACHE_BYTES = 256 << 20
+# The memory tags of SGLang's memory saver (constants.py: GPU_MEMORY_ALL_TYPES).
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,10 @@ class Runner:
         self.max_prefill_tokens = max_prefill_tokens
         self.rng = torch.Generator().manual_seed(random_seed if random_seed is not None else 0)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # Memory tags released and not yet resumed (scheduler thread; read by others for display).
+        self.released: frozenset[str] = frozenset()
+        # Shapes of the released parameters, to take their memory back on resume.
+        self._released_shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
 
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[Job | _Call] = deque()
@@ -234,6 +241,9 @@ class Runner:
 
     def reload_weights(self, model_path: str) -> tuple[bool, str]:
         """Load weights from `model_path` into the live model (scheduler thread; use `call`)."""
+        if "weights" in self.released:
+            # On SGLang this would write into unmapped GPU memory; here it is refused instead.
+            return False, "Failed to update weights: the weights are released; resume_memory_occupation first."
         try:
             fresh = _load_model(model_path)
         except Exception as e:  # noqa: BLE001 - the message goes back to the client
@@ -264,6 +274,41 @@ class Runner:
         self.prefix_cache.clear()
         return True
 
+    def release_memory(self, tags: list[str] | None) -> None:
+        """Free the memory of `tags` (all if None or empty), like SGLang with --enable-memory-saver.
+
+        "weights": every parameter's storage is freed (the tensors become empty); "kv_cache": the
+        prefix cache is emptied (the running batch's cache is already gone: this is a barrier
+        call). Generation fails until the tags are resumed. Unknown tags change nothing.
+        Scheduler thread: use `call`.
+        """
+        releasing = _memory_tags(tags)
+        if "weights" in releasing and "weights" not in self.released:
+            for name, param in self.model.named_parameters():
+                self._released_shapes[name] = (param.shape, param.dtype)
+                param.data = torch.empty(0, dtype=param.dtype)
+        if releasing & {"weights", "kv_cache"}:
+            # SGLang flushes on a kv_cache release; on a weights release the cached keys and
+            # values belong to weights that are gone.
+            self.prefix_cache.clear()
+        self.released = self.released | releasing
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        """Take the memory of `tags` back (all if None or empty).
+
+        As in SGLang 0.5.17, resumed weights get their memory back but not their values: they are
+        zeros until `reload_weights` (SGLang's update_weights_from_disk) loads them. Resuming a
+        tag that is not released changes nothing (SGLang's scheduler raises KeyError there).
+        Scheduler thread: use `call`.
+        """
+        resuming = _memory_tags(tags) & self.released
+        if "weights" in resuming:
+            parameters = dict(self.model.named_parameters())
+            for name, (shape, dtype) in self._released_shapes.items():
+                parameters[name].data = torch.zeros(shape, dtype=dtype)
+            self._released_shapes.clear()
+        self.released = self.released - resuming
+
     # ---- the scheduler loop ------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -284,10 +329,21 @@ class Runner:
         if self._run_barrier_call():
             return
         jobs = self._admit()
-        if jobs:
+        if jobs and self.released:
+            self._refuse_while_released(jobs)
+        elif jobs:
             self._prefill_and_merge(jobs)
         elif self._batch is not None:
             self._decode_step()
+
+    def _refuse_while_released(self, jobs: list[Job]) -> None:
+        # SGLang has no such check (its kernels would read unmapped memory); a clear error is kinder.
+        message = (
+            f"Cannot generate: memory is released ({', '.join(sorted(self.released))}); call "
+            "/resume_memory_occupation, and reload the weights with /update_weights_from_disk, first."
+        )
+        for job in jobs:
+            _deliver(job.sink, _error_output(_Seq(job, None), message, status=503))
 
     def _fail_running(self, message: str) -> None:
         if self._batch is not None:
@@ -853,14 +909,14 @@ def _ends_with_stop_prefix(text: str, stops: tuple[str, ...]) -> bool:
     return any(text.endswith(stop[:k]) for stop in stops for k in range(1, len(stop)))
 
 
-def _error_output(seq: _Seq, message: str) -> SeqOutput:
+def _error_output(seq: _Seq, message: str, *, status: int = 500) -> SeqOutput:
     return SeqOutput(
         rid=seq.job.rid,
         prompt_tokens=len(seq.job.input_ids),
         output_ids=list(seq.output_ids),
         text="",
         finish_reason=None,
-        error=(500, message),
+        error=(status, message),
         cached_tokens=seq.cached_tokens,
     )
 
@@ -872,6 +928,10 @@ def _run_call(call: _Call) -> None:
         result, error = None, e
     call.done(result, error)
 
+
+def _memory_tags(tags: list[str] | None) -> frozenset[str]:
+    """The known memory tags among `tags`; None or empty means all of them (as in SGLang)."""
+    return frozenset(MEMORY_TAGS) if not tags else frozenset(tags) & frozenset(MEMORY_TAGS)
 
 
 def _deliver(sink: Callable[[SeqOutput], None], output: SeqOutput) -> None:
