@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -36,6 +37,10 @@ SGLANG_API_VERSION = "0.5.17"
 _HEALTH_TIMEOUT_S = 20.0
 # A running batch that stepped this recently counts as healthy without queueing a probe.
 _RECENT_PROGRESS_S = 1.0
+# How often a waiting /generate checks whether its client left: SGLang's tokenizer manager wakes
+# every 4 s to ask (TokenizerManager._wait_one_response). A client that leaves should abort its
+# requests itself (rlgen does) rather than rely on this.
+_DISCONNECT_CHECK_S = 4.0
 _FLUSH_CACHE_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
     "the operation will not be performed.)\n"
@@ -111,6 +116,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/get_server_info", routes.get_server_info)
     for path in ("/get_weight_version", "/weight_version"):  # a 404 since SGLang 0.5.17, as there
         app.router.add_route("GET", path, routes.weight_version_removed)
+    app.router.add_get("/v1/loads", routes.loads)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", routes.flush_cache)
         app.router.add_route(method, "/release_memory_occupation", routes.release_memory_occupation)
@@ -287,6 +293,19 @@ class Routes:
             "rlgen_backend": "cpu",
         }
         return _json(info)
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's /v1/loads (core section): requests running and waiting, per DP rank (one here)."""
+        runner = self.state.runner
+        load = {
+            "dp_rank": 0,
+            "timestamp": time.time(),
+            "num_running_reqs": runner.num_running,
+            "num_waiting_reqs": runner.num_waiting,
+            "max_running_requests": runner.max_running_requests,
+        }
+        return _json({"timestamp": datetime.now(timezone.utc).isoformat(), "version": f"{SGLANG_API_VERSION}+rlgen.cpu",
+                      "accelerator": None, "num_accelerators": 0, "loads": [load]})  # fmt: skip
 
     async def weight_version_removed(self, request: web.Request) -> web.Response:
         detail = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
@@ -726,10 +745,11 @@ class _Collector:
 async def _wait_or_abort(
     finals: Any, request: web.Request, runner: Runner, plan: _Plan
 ) -> list[SeqOutput] | None:
-    """Await the results; abort the jobs if the client disconnects first (as SGLang does)."""
+    """Await the results; abort the jobs if the client disconnects first (as SGLang does, and as
+    seldom: every _DISCONNECT_CHECK_S)."""
     task = asyncio.ensure_future(finals)
     while True:
-        done, _ = await asyncio.wait({task}, timeout=1.0)
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
         if done:
             return task.result()
         transport = request.transport

@@ -352,6 +352,29 @@ def test_abort_all_aborts_every_running_request(target) -> None:
         assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
+def _requests_on_server(target) -> int:
+    status, body = target.get("/v1/loads")
+    assert status == 200, body
+    return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in body["loads"])
+
+
+def test_v1_loads_counts_a_running_request_until_it_is_aborted(target) -> None:
+    rid = f"conf-loads-{uuid.uuid4().hex}"
+    thread, box = _generate_in_thread(target, {"text": "Tell me everything.", "rid": rid,
+                                               "sampling_params": {"temperature": 1.0, "max_new_tokens": LONG, "ignore_eos": True}})
+    deadline = time.monotonic() + 60
+    while _requests_on_server(target) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _requests_on_server(target) == 1
+    assert target.post("/abort_request", {"rid": rid})[0] == 200
+    thread.join(timeout=60)
+    assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    deadline = time.monotonic() + 5  # SGLang publishes the counts when its scheduler goes idle
+    while _requests_on_server(target) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _requests_on_server(target) == 0
+
+
 def test_the_server_serves_normally_after_an_abort(target) -> None:
     out = target.generate({"text": "Hello", "sampling_params": {**GREEDY, "max_new_tokens": 3, "ignore_eos": True}})
     assert out["meta_info"]["finish_reason"]["type"] == "length"
