@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -36,6 +37,14 @@ SGLANG_API_VERSION = "0.5.17"
 _HEALTH_TIMEOUT_S = 20.0
 # A running batch that stepped this recently counts as healthy without queueing a probe.
 _RECENT_PROGRESS_S = 1.0
+# How often a waiting /generate checks whether its client left: SGLang's tokenizer manager wakes
+# every 4 s to ask (TokenizerManager._wait_one_response). A client that leaves should abort its
+# requests itself (rlgen does) rather than rely on this.
+_DISCONNECT_CHECK_S = 4.0
+_FLUSH_CACHE_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+    "the operation will not be performed.)\n"
+)
 
 _UNSUPPORTED_TOP_LEVEL = (
     "input_embeds", "image_data", "video_data", "audio_data", "token_ids_logprob",
@@ -107,10 +116,11 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/get_server_info", routes.get_server_info)
     for path in ("/get_weight_version", "/weight_version"):  # a 404 since SGLang 0.5.17, as there
         app.router.add_route("GET", path, routes.weight_version_removed)
+    app.router.add_get("/v1/loads", routes.loads)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", routes.flush_cache)
-        app.router.add_route(method, "/release_memory_occupation", routes.memory_occupation)
-        app.router.add_route(method, "/resume_memory_occupation", routes.memory_occupation)
+        app.router.add_route(method, "/release_memory_occupation", routes.release_memory_occupation)
+        app.router.add_route(method, "/resume_memory_occupation", routes.resume_memory_occupation)
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", routes.generate)
     app.router.add_post("/abort_request", routes.abort_request)
@@ -199,7 +209,7 @@ class Routes:
             "prompt_tokens": out.prompt_tokens,
             "weight_version": self.state.weight_version,
             "completion_tokens": len(out.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": out.cached_tokens,
         }
         if item.return_logprob:
             text = self.state.token_text if item.return_text_in_logprobs else None
@@ -284,6 +294,19 @@ class Routes:
         }
         return _json(info)
 
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's /v1/loads (core section): requests running and waiting, per DP rank (one here)."""
+        runner = self.state.runner
+        load = {
+            "dp_rank": 0,
+            "timestamp": time.time(),
+            "num_running_reqs": runner.num_running,
+            "num_waiting_reqs": runner.num_waiting,
+            "max_running_requests": runner.max_running_requests,
+        }
+        return _json({"timestamp": datetime.now(timezone.utc).isoformat(), "version": f"{SGLANG_API_VERSION}+rlgen.cpu",
+                      "accelerator": None, "num_accelerators": 0, "loads": [load]})  # fmt: skip
+
     async def weight_version_removed(self, request: web.Request) -> web.Response:
         detail = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
         return _json({"detail": detail}, status=404)
@@ -304,15 +327,44 @@ class Routes:
         return web.Response(status=200)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # No prefix cache on the CPU, so there is never anything to refuse.
-        return web.Response(
-            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-            "waiting requests, the operation will not be performed.)\n",
-        )
+        """Empty the prefix cache; SGLang answers 400 with the same text while requests run or wait."""
+        runner = self.state.runner
+        flushed = await self._on_scheduler(runner.flush_cache, barrier=False)
+        return web.Response(text=_FLUSH_CACHE_TEXT, status=200 if flushed else 400)
 
-    async def memory_occupation(self, request: web.Request) -> web.Response:
-        # CPU memory is not released; SGLang's handler returns None, serialized as `null`.
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        """Free the memory of the body's `tags` (all without tags) once running requests finish."""
+        try:
+            tags = _memory_tags_body(await _json_body(request))
+        except RequestValidationError as e:
+            return _validation_error(str(e))
+        runner = self.state.runner
+        await self._on_scheduler(lambda: runner.release_memory(tags))
+        return _json(None)  # SGLang's handler returns None, serialized as `null`
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        """Take the memory back; released weights stay without their values until a reload."""
+        try:
+            tags = _memory_tags_body(await _json_body(request))
+        except RequestValidationError as e:
+            return _validation_error(str(e))
+        runner = self.state.runner
+        await self._on_scheduler(lambda: runner.resume_memory(tags))
         return _json(None)
+
+    async def _on_scheduler(self, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
+        """Run `fn` on the scheduler thread (see Runner.call) and return its result or raise its error."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def finish(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                loop.call_soon_threadsafe(done.set_exception, error)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        self.state.runner.call(fn, finish, barrier=barrier)
+        return await done
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:
@@ -693,10 +745,11 @@ class _Collector:
 async def _wait_or_abort(
     finals: Any, request: web.Request, runner: Runner, plan: _Plan
 ) -> list[SeqOutput] | None:
-    """Await the results; abort the jobs if the client disconnects first (as SGLang does)."""
+    """Await the results; abort the jobs if the client disconnects first (as SGLang does, and as
+    seldom: every _DISCONNECT_CHECK_S)."""
     task = asyncio.ensure_future(finals)
     while True:
-        done, _ = await asyncio.wait({task}, timeout=1.0)
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
         if done:
             return task.result()
         transport = request.transport
@@ -751,6 +804,11 @@ def _typed(
     if not ok:
         raise RequestValidationError(f"Input should be {expected}: body.{name} (got {value!r:.80})")
     return value
+
+
+def _memory_tags_body(body: Any) -> list[str] | None:
+    """The `tags` of a release/resume body (ReleaseMemoryOccupationReqInput); None means all."""
+    return _typed(body, "tags", (list, type(None)), "a list of strings", items=(str,))
 
 
 def _typed_input_ids(body: dict[str, Any]) -> list[Any] | None:
