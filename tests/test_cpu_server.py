@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput, default_num_threads
+from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput, default_num_threads  # noqa: E402 - after the importorskip
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]

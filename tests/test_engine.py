@@ -96,9 +96,8 @@ def test_close_is_idempotent_and_a_closed_engine_says_to_create_a_new_one(model_
     eng.close()
     with pytest.raises(rlgen.EngineClosedError, match="create a new one"):
         eng.generate("Hi", max_new_tokens=1)
-    with pytest.raises(rlgen.EngineClosedError):
-        with eng:
-            pass
+    with pytest.raises(rlgen.EngineClosedError), eng:
+        pass
 
 
 @cpu_only

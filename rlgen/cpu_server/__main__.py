@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rlgen.cpu_server import _faults
 
 if TYPE_CHECKING:
-    from rlgen.cpu_server._app import ServerState
+    from rlgen.cpu_server._app import BackendState
     from rlgen.cpu_server._runner import Runner
 
 # torch, transformers and aiohttp load only after "Load weight begin" (see main()).
@@ -97,7 +97,7 @@ def _load_runner(args: argparse.Namespace) -> Runner:
         default_num_threads,
     )
 
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(args.cpu_threads or default_num_threads())
     return Runner(
         args.model_path,
@@ -113,10 +113,10 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from rlgen.cpu_server._app import ServerState, build_app
+    from rlgen.cpu_server._app import BackendState, build_app
 
     tokenizer_path = args.tokenizer_path or args.model_path
-    state = ServerState(
+    state = BackendState(
         runner=runner,
         tokenizer=AutoTokenizer.from_pretrained(tokenizer_path),
         server_args=_server_args(args, runner),
@@ -153,7 +153,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     return 0
 
 
-async def _warm_up(state: ServerState) -> None:
+async def _warm_up(state: BackendState) -> None:
     """One greedy 1-token generation through the whole pipeline, like SGLang's warm-up request."""
     from rlgen.cpu_server._runner import Job, SamplingParams
 
@@ -215,7 +215,7 @@ def _avail_gb() -> float:
     try:
         import psutil
 
-        return psutil.virtual_memory().available / 2**30
+        return float(psutil.virtual_memory().available / 2**30)
     except ImportError:  # psutil is a dependency, but the number is cosmetic
         return 0.0
 

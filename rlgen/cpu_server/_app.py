@@ -17,10 +17,10 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -59,7 +59,7 @@ class RequestValidationError(Exception):
 
 
 @dataclass
-class ServerState:
+class BackendState:
     """What the routes share: the runner, the app-side tokenizer, and the server's identity."""
 
     runner: Runner
@@ -93,7 +93,8 @@ class ServerState:
 
 
 @web.middleware
-async def _internal_errors(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+async def _internal_errors(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """A bug in a handler answers 500 with SGLang's HTTPException body; the server keeps serving."""
     try:
         return await handler(request)
@@ -104,7 +105,7 @@ async def _internal_errors(request: web.Request, handler: Callable[[web.Request]
         return _json({"object": "error", "message": f"Internal server error: {e!r}", "type": "500", "param": None, "code": 500}, 500)
 
 
-def build_app(state: ServerState) -> web.Application:
+def build_app(state: BackendState) -> web.Application:
     app = web.Application(client_max_size=1 << 30, middlewares=[_internal_errors])  # big prompt batches are normal
     routes = Routes(state)
     app.router.add_get("/health", routes.health)
@@ -132,7 +133,7 @@ def build_app(state: ServerState) -> web.Application:
 
 
 class Routes:
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: BackendState) -> None:
         self.state = state
 
     # ---- /generate ---------------------------------------------------------------------------
@@ -446,7 +447,7 @@ def _check_generate_types(body: Any) -> dict[str, Any]:
     }
 
 
-def _plan_generate(fields: dict[str, Any], state: ServerState) -> _Plan:
+def _plan_generate(fields: dict[str, Any], state: BackendState) -> _Plan:
     """Normalize like GenerateReqInput, tokenize, validate, and expand n (1.2, 1.3)."""
     text, input_ids, sampling = fields["text"], fields["input_ids"], fields["sampling_params"]
     if fields["unsupported"]:
@@ -498,7 +499,7 @@ def _plan_generate(fields: dict[str, Any], state: ServerState) -> _Plan:
     return _Plan(is_single=is_single, jobs=jobs, items=items)
 
 
-def _tokenize(state: ServerState, texts: list[str]) -> list[list[int]]:
+def _tokenize(state: BackendState, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
     return [list(ids) for ids in state.tokenizer(texts)["input_ids"]]
@@ -572,7 +573,7 @@ def _max_req_input_len(runner: Runner) -> int:
 def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> SamplingParams:
     """SGLang's SamplingParams.__post_init__ + verify(), plus the length checks (1.4)."""
     _check_prompt(prompt, runner)
-    known = {f for f in SamplingParams.__dataclass_fields__} | {"n", "stop"} | set(_IGNORED_SAMPLING)
+    known = set(SamplingParams.__dataclass_fields__) | {"n", "stop"} | set(_IGNORED_SAMPLING)
     for name in _UNSUPPORTED_SAMPLING:
         if raw.get(name) is not None:
             raise ValueError(f"sampling_params.{name} is not supported by the rlgen CPU backend.")
@@ -586,7 +587,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> 
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"sampling_params.{name} must be a number, got {value!r}.")  # noqa: TRY004
+            raise ValueError(f"sampling_params.{name} must be a number, got {value!r}.")
         return float(value)
 
     def integer(name: str, default: int | None) -> int | None:
@@ -594,7 +595,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> 
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"sampling_params.{name} must be an integer, got {value!r}.")  # noqa: TRY004
+            raise ValueError(f"sampling_params.{name} must be an integer, got {value!r}.")
         return value
 
     def flag(name: str, default: bool) -> bool:
@@ -602,7 +603,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> 
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ValueError(f"sampling_params.{name} must be a boolean, got {value!r}.")  # noqa: TRY004
+            raise ValueError(f"sampling_params.{name} must be a boolean, got {value!r}.")
         return value
 
     temperature = number("temperature", 1.0)
@@ -656,7 +657,7 @@ def _verify(p: SamplingParams) -> None:
         raise ValueError(f"presence_penalty must be in [-2, 2], got {p.presence_penalty}.")
     if not 0.0 < p.repetition_penalty <= 2.0:
         raise ValueError(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {p.repetition_penalty}.")
-    if not 0 <= p.min_new_tokens:
+    if not p.min_new_tokens >= 0:
         raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {p.min_new_tokens}.")
     if p.max_new_tokens is not None:
         if p.max_new_tokens < 0:
@@ -751,7 +752,7 @@ async def _wait_or_abort(
     while True:
         done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
         if done:
-            return task.result()
+            return cast("list[SeqOutput] | None", task.result())
         transport = request.transport
         if transport is None or transport.is_closing():
             for job in plan.jobs:
@@ -808,7 +809,7 @@ def _typed(
 
 def _memory_tags_body(body: Any) -> list[str] | None:
     """The `tags` of a release/resume body (ReleaseMemoryOccupationReqInput); None means all."""
-    return _typed(body, "tags", (list, type(None)), "a list of strings", items=(str,))
+    return cast("list[str] | None", _typed(body, "tags", (list, type(None)), "a list of strings", items=(str,)))
 
 
 def _typed_input_ids(body: dict[str, Any]) -> list[Any] | None:

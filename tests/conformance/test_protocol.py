@@ -7,6 +7,7 @@ bf16 on a GPU vs fp32 on a CPU) the test says so and checks only what must hold 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -28,7 +29,7 @@ def _assert_sample_shape(entry: dict) -> None:
     assert isinstance(entry["text"], str)
     assert all(isinstance(t, int) for t in entry["output_ids"])
     meta = entry["meta_info"]
-    assert META_KEYS <= set(meta), sorted(META_KEYS - set(meta))
+    assert set(meta) >= META_KEYS, sorted(META_KEYS - set(meta))
     assert meta["finish_reason"]["type"] in {"stop", "length", "abort"}
     assert meta["completion_tokens"] == len(entry["output_ids"])
     assert isinstance(meta["e2e_latency"], float) and meta["e2e_latency"] > 0
@@ -343,7 +344,7 @@ def test_stream_sends_sse_chunks_ending_in_done_and_matches_the_non_stream_resul
     assert final["meta_info"]["completion_tokens"] == 16
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     # By default SGLang streams cumulatively: each chunk carries all text, ids and logprobs so far.
-    for before, after in zip(chunks, chunks[1:]):
+    for before, after in itertools.pairwise(chunks):
         assert after["text"].startswith(before["text"])
         assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
     assert final["output_ids"] == full["output_ids"]
