@@ -439,6 +439,10 @@ def test_flush_cache_empties_the_prefix_cache_and_answers_200_when_idle(target) 
 
 def test_update_weights_from_disk_reloads_and_sets_the_weight_version(target) -> None:
     body = {"input_ids": target.chat_ids(CAPITAL), "sampling_params": {**GREEDY, "max_new_tokens": 8}}
+    # A weight update empties the prefix cache, so `after` is computed from a cold cache: `before`
+    # must be too. (SGLang's greedy answer to this prompt differs between a cached and a cold
+    # prefix on the GPU bundle: docs/gpu/2026-11-30, finding 1.)
+    assert target.post("/flush_cache")[0] == 200
     before = target.generate(body)
     status, res = target.post("/update_weights_from_disk", {"model_path": target.model_path, "weight_version": "conf-v2"})
     assert status == 200 and res["success"] is True, res
