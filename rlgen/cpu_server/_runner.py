@@ -777,9 +777,9 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
 class _GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A DynamicLayer that appends into spare capacity instead of re-concatenating every step.
 
-    DynamicLayer copies the whole cache on every decode step (torch.cat), which made a step of 16
-    rows ~2x slower after 300 tokens. Here the keys/values are views into buffers that grow by
-    half their length when full.
+    DynamicLayer copies the whole cache on every decode step (torch.cat), so a step slows down as
+    the sequence grows. Here the keys/values are views into buffers that grow by half their length
+    when full, so a step appends in place (docs/decisions.md has the measurement).
     """
 
     def update(
@@ -945,8 +945,8 @@ def _deliver(sink: Callable[[SeqOutput], None], output: SeqOutput) -> None:
 def default_num_threads() -> int:
     """Torch threads for the model: leave a core for the event loop and the client.
 
-    On 2 cores one thread wins: measured on a shared 2-core machine, a decode step of 8 rows took
-    0.22 s with 1 thread and 0.32 s with 2 (passive OpenMP wait), 1.27 s with 2 spinning threads.
+    On 2 cores one thread wins: a second torch thread competes with the server's event loop and
+    the client for the other core, and decode steps get slower, not faster (docs/decisions.md).
     """
     cores = os.cpu_count() or 1
     return 1 if cores <= 2 else cores - 1
