@@ -216,9 +216,10 @@ def rlgen_commit() -> dict[str, Any]:
     """The commit of the checkout whose rlgen this process imports (REPO, first on sys.path), and
     whether it had uncommitted changes (`git status --porcelain`, untracked files included).
 
-    Where there is no git checkout (the GPU machine gets a copy of the working tree without .git),
-    $RLGEN_COMMIT says it: `git describe --always --dirty --abbrev=40`, run where the tree was copied
-    from, written into the command (a `-dirty` suffix marks uncommitted changes).
+    $RLGEN_COMMIT, when set, says it and wins over git: the GPU machine gets a copy of the working
+    tree whose .git need not be the copied checkout's (on 2026-12-01 it held the session's first
+    commit, so git there named the wrong one). Set it to `git describe --always --dirty --abbrev=40`,
+    run where the tree was copied from (a `-dirty` suffix marks uncommitted changes).
     """
     def git(*cmd: str) -> str | None:
         try:
@@ -228,14 +229,14 @@ def rlgen_commit() -> dict[str, Any]:
             return None
         return done.stdout if done.returncode == 0 else None
 
-    top, head = git("rev-parse", "--show-toplevel"), git("rev-parse", "HEAD")
-    if top is not None and head is not None and Path(top.strip()).resolve() == REPO:  # not a repo around a copy
-        changes = (git("status", "--porcelain") or "").splitlines()
-        return {"commit": head.strip(), "dirty": bool(changes), "changes": changes[:50], "source": "git"}
     given = os.environ.get(COMMIT_ENV, "").strip()
     if given:
         dirty = given.endswith("-dirty")
         return {"commit": given.removesuffix("-dirty"), "dirty": dirty, "changes": None, "source": COMMIT_ENV}
+    top, head = git("rev-parse", "--show-toplevel"), git("rev-parse", "HEAD")
+    if top is not None and head is not None and Path(top.strip()).resolve() == REPO:  # not a repo around a copy
+        changes = (git("status", "--porcelain") or "").splitlines()
+        return {"commit": head.strip(), "dirty": bool(changes), "changes": changes[:50], "source": "git"}
     return {"commit": None, "dirty": None, "changes": None,
             "source": f"unknown: no git checkout at {REPO} and ${COMMIT_ENV} unset"}
 

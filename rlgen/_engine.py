@@ -556,8 +556,9 @@ class Engine:
         resumed = set(tags) if tags else self._released
         self._released = self._released - resumed
         # SGLang's resume restores the weights' memory but not their values (greedy output comes back
-        # empty). Reload them from disk, keeping the weight version, so outputs are unchanged.
-        if "weights" in resumed and self.backend != "cpu":
+        # empty; the CPU backend does the same). Reload them from disk, keeping the weight version,
+        # so outputs are unchanged.
+        if "weights" in resumed:
             info = _loop.run_sync(self._client.get_info("model", timeout=30))
             _loop.run_sync(self._client.post("/update_weights_from_disk", {
                 "model_path": self._weights_path or self.model_path,

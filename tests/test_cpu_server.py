@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput, default_num_threads
+from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput, default_num_threads  # noqa: E402 - after the importorskip
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
@@ -177,6 +177,60 @@ def test_abort_finishes_a_running_sequence_with_what_it_has(runner: Runner) -> N
     assert 5 <= len(out.output_ids) < 500
 
 
+def _on_scheduler(runner: Runner, fn: Any, *, barrier: bool = True) -> Any:
+    """Run `fn` on the runner's scheduler thread and return its result."""
+    done: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue()
+    runner.call(fn, lambda result, error: done.put((result, error)), barrier=barrier)
+    result, error = done.get(timeout=60)
+    if error is not None:
+        raise error
+    return result
+
+
+def test_prompts_with_cached_prefixes_get_the_tokens_and_logprobs_of_a_cold_prefill(runner: Runner) -> None:
+    prefixes = ["The capital of France is", "Once upon a time"]
+    prompts = [prefixes[0] + " a city that", prefixes[1] + ", far away, there", "Completely unrelated words"]
+    ids = [runner.tokenizer(p)["input_ids"] for p in prompts]
+
+    def job(prompt_ids: list[int]) -> Job:  # logprobs from the last prompt token on: cacheable
+        return _job(runner, prompt_ids, **GREEDY, return_logprob=True, logprob_start_len=len(prompt_ids) - 1)
+
+    cold = []
+    for prompt_ids in ids:
+        assert _on_scheduler(runner, runner.flush_cache, barrier=False)
+        cold.append(_run(runner, [job(prompt_ids)])[0])
+    assert [out.cached_tokens for out in cold] == [0, 0, 0]
+    assert _on_scheduler(runner, runner.flush_cache, barrier=False)
+    _run(runner, [_job(runner, p, max_new_tokens=1) for p in prefixes])
+    # One batch: rows with cached prefixes of different lengths (padding between prefix and new
+    # tokens) and a row without one.
+    warm = _run(runner, [job(prompt_ids) for prompt_ids in ids])
+    shared = [len(runner.tokenizer(p)["input_ids"]) for p in prefixes]
+    assert [out.cached_tokens for out in warm] == [*shared, 0]
+    for a, b in zip(cold, warm):
+        assert b.output_ids == a.output_ids
+        assert max(abs(x - y) for (x, _), (y, _) in zip(a.output_token_logprobs or [], b.output_token_logprobs or [])) < 1e-4
+
+
+def test_flush_cache_is_refused_while_a_request_runs(runner: Runner) -> None:
+    runner._step_delay = 0.02
+    try:
+        job = _job(runner, PROMPTS[0], stream=True, temperature=0.0, max_new_tokens=500, ignore_eos=True)
+
+        def flush_then_abort(i: int, out: SeqOutput) -> None:
+            if len(out.output_ids) == 3:
+                runner.call(runner.flush_cache, lambda result, _: flushed.append(result), barrier=False)
+            if flushed:
+                runner.abort(job.rid)
+
+        flushed: list[bool] = []
+        _run(runner, [job], on_update=flush_then_abort)
+    finally:
+        runner._step_delay = 0.0
+    assert flushed == [False]
+    assert _on_scheduler(runner, runner.flush_cache, barrier=False) is True
+
+
 def test_max_new_tokens_zero_generates_nothing(runner: Runner) -> None:
     (out,) = _run(runner, [_job(runner, PROMPTS[0], max_new_tokens=0, return_logprob=True, logprob_start_len=0)])
     assert out.output_ids == [] and out.finish_reason == {"type": "length", "length": 0}
@@ -311,6 +365,27 @@ def test_update_weights_from_disk_reloads_and_rejects_a_bad_path(server: _Server
     assert status == 200 and answer["success"] is True, answer
     with urllib.request.urlopen(server.url + "/model_info", timeout=10) as response:
         assert json.loads(response.read())["weight_version"] == "v2"
+
+
+@pytest.mark.timeout(120)
+def test_released_weights_refuse_generation_and_resume_without_values_until_reloaded(server: _Server, model_path: str) -> None:
+    # SGLang 0.5.17 with --enable-memory-saver: resume gives the weights' memory back, not their
+    # values (greedy output was empty there); update_weights_from_disk restores them.
+    body = {"text": "The capital of France is", "sampling_params": {"temperature": 0.0, "max_new_tokens": 6}}
+    status, before = _post(server.url + "/generate", body)
+    assert status == 200 and before["text"]
+    assert _post(server.url + "/release_memory_occupation", {}) == (200, None)
+    status, answer = _post(server.url + "/generate", body)
+    assert status == 503 and "memory is released" in answer["message"], answer
+    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path})
+    assert status == 400 and "released" in answer["message"], answer
+    assert _post(server.url + "/resume_memory_occupation", {}) == (200, None)
+    status, resumed = _post(server.url + "/generate", body)
+    assert status == 200 and resumed["text"] == "" and resumed["output_ids"] != before["output_ids"]
+    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path})
+    assert status == 200 and answer["success"] is True, answer
+    status, after = _post(server.url + "/generate", body)
+    assert status == 200 and after["output_ids"] == before["output_ids"]
 
 
 @pytest.mark.timeout(120)

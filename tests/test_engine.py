@@ -96,9 +96,8 @@ def test_close_is_idempotent_and_a_closed_engine_says_to_create_a_new_one(model_
     eng.close()
     with pytest.raises(rlgen.EngineClosedError, match="create a new one"):
         eng.generate("Hi", max_new_tokens=1)
-    with pytest.raises(rlgen.EngineClosedError):
-        with eng:
-            pass
+    with pytest.raises(rlgen.EngineClosedError), eng:
+        pass
 
 
 @cpu_only
@@ -220,8 +219,19 @@ def test_update_weights_from_a_bad_path_fails_at_once_without_retrying(engine) -
 
 def test_paused_block_releases_and_resumes_with_unchanged_outputs(engine) -> None:
     before = engine.generate(CAPITAL, max_new_tokens=12, temperature=0)
+    held_mib = engine.info["gpu_memory_mib"]
     with engine.paused():
-        pass
+        # The memory is really gone inside the block. The CPU backend refuses to generate then;
+        # SGLang has no such check (its kernels would read unmapped memory), so there the GPU
+        # memory its processes hold shows it.
+        if BACKEND == "cpu":
+            with pytest.raises(rlgen.ServerRequestError, match="memory is released"):
+                engine.generate(CAPITAL, max_new_tokens=1)
+        else:
+            assert held_mib, "the server's GPU memory must be measurable for this check"
+            assert engine.info["gpu_memory_mib"] < held_mib / 2
+    # Both backends resume the weights' memory but not their values (greedy output was empty on
+    # SGLang 0.5.17): equal outputs need resume_memory()'s reload from disk.
     after = engine.generate(CAPITAL, max_new_tokens=12, temperature=0)
     assert after.df.completion.tolist() == before.df.completion.tolist()
 
@@ -246,8 +256,13 @@ def test_release_memory_needs_the_memory_saver_and_says_so(model_path: str) -> N
             eng.metrics()
 
 
-def test_flush_cache_answers(engine) -> None:
+def test_flush_cache_empties_the_prefix_cache(engine) -> None:
+    engine.generate(CAPITAL, max_new_tokens=1)
+    again = engine.generate(CAPITAL, max_new_tokens=1)
+    assert again.df.cached_tokens[0] > 0  # the prompt's prefix came from the cache
     engine.flush_cache()
+    after = engine.generate(CAPITAL, max_new_tokens=1)
+    assert after.df.cached_tokens.tolist() == [0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,13 +365,39 @@ def test_by_default_enough_chunks_go_out_at_once_to_fill_the_batch_the_server_ru
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_aborts_on_the_server_raises_promptly_and_keeps_the_engine_usable(engine) -> None:
+    # The server's own count of requests (SGLang's /v1/loads; the CPU backend serves it too) shows
+    # that they stopped there: the client fills in the aborted rows itself, so they cannot show it.
+    def on_server() -> int:
+        loads = rlgen._loop.run_sync(engine._client.get("/v1/loads", timeout=10))["loads"]
+        return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads)
+
     main = threading.main_thread().ident
-    timer = threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
+    stopped_after: list[float] = []
+
+    def interrupt_then_watch() -> None:
+        deadline = time.monotonic() + 60
+        while on_server() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sent = time.monotonic()
+        signal.pthread_kill(main, signal.SIGINT)
+        # Watched from this thread, so that the main thread's handling of the interrupt cannot
+        # delay the first look.
+        while time.monotonic() - sent < 10:
+            if on_server() == 0:
+                stopped_after.append(time.monotonic() - sent)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=interrupt_then_watch, daemon=True)
+    watcher.start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         engine.generate(["Tell me a long story."] * 2, max_new_tokens=4000, ignore_eos=True)
     assert time.monotonic() - t0 < 10
+    watcher.join(15)
+    # rlgen aborts them by rid at once; a server that is left to notice the dropped connection
+    # does so only every 4 s (SGLang's tokenizer manager, and the CPU backend like it).
+    assert stopped_after and stopped_after[0] < 2.0, f"still on the server after Ctrl-C: {stopped_after}"
     partial = engine.last_result
     assert len(partial) == 2 and set(partial.df.finish_reason) == {"abort"}
     t1 = time.monotonic()

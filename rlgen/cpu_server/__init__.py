@@ -5,14 +5,17 @@ It is started exactly like SGLang:
     python -m rlgen.cpu_server --model-path PATH --port N [--host 127.0.0.1] [SGLang flags...]
 
 It runs a transformers causal LM in float32 on the CPU, and batches every request it holds through
-one left-padded batch with a KV cache. Machines without a GPU (and the test suite) use it in place
-of `python -m sglang.launch_server`.
+one left-padded batch with a KV cache; prompts reuse the cached keys and values of earlier prompts
+that share their prefix. Machines without a GPU (and the test suite) use it in place of
+`python -m sglang.launch_server`.
 
 Modules:
-    __main__   command line, startup phases and their log lines, binding, shutdown
-    _app       aiohttp routes: request validation, response and SSE shaping (docs/sglang-api.md)
-    _runner    the scheduler thread that owns the model: prefill, decode loop, sampling, stops
-    _faults    fault modes driven by RLGEN_CPU_* environment variables, for lifecycle tests
+    __main__       command line, startup phases and their log lines, binding, shutdown
+    _app           aiohttp routes: request validation, response and SSE shaping (docs/sglang-api.md)
+    _runner        the scheduler thread that owns the model: prefill, decode loop, sampling, stops,
+                   memory release and resume
+    _prefix_cache  the KV of earlier prompts, for reuse (SGLang's radix cache, as a bounded list)
+    _faults        fault modes driven by RLGEN_CPU_* environment variables, for lifecycle tests
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rlgen.cpu_server import _faults
 
 if TYPE_CHECKING:
-    from rlgen.cpu_server._app import ServerState
+    from rlgen.cpu_server._app import BackendState
     from rlgen.cpu_server._runner import Runner
 
 # torch, transformers and aiohttp load only after "Load weight begin" (see main()).
@@ -47,9 +47,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--max-prefill-tokens", type=int, default=8192)
+    parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache: every prompt is prefilled whole")
     parser.add_argument("--log-level", default="info")
-    # Accepted for SGLang compatibility; they change nothing on the CPU.
-    parser.add_argument("--enable-metrics", action="store_true")
+    parser.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    # Accepted for SGLang compatibility; they change nothing on the CPU (/release_memory_occupation
+    # frees memory with or without --enable-memory-saver).
+    parser.add_argument("--enable-memory-saver", action="store_true")
     parser.add_argument("--mem-fraction-static", type=float, default=None)
     parser.add_argument("--disable-cuda-graph", action="store_true")
     parser.add_argument("--disable-prefill-cuda-graph", action="store_true")
@@ -88,9 +91,13 @@ def _load_runner(args: argparse.Namespace) -> Runner:
     import torch
     import transformers
 
-    from rlgen.cpu_server._runner import Runner, default_num_threads
+    from rlgen.cpu_server._runner import (
+        DEFAULT_PREFIX_CACHE_BYTES,
+        Runner,
+        default_num_threads,
+    )
 
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(args.cpu_threads or default_num_threads())
     return Runner(
         args.model_path,
@@ -98,6 +105,7 @@ def _load_runner(args: argparse.Namespace) -> Runner:
         max_running_requests=args.max_running_requests or 64,
         max_prefill_tokens=args.max_prefill_tokens,
         random_seed=args.random_seed,
+        prefix_cache_bytes=0 if args.disable_radix_cache else DEFAULT_PREFIX_CACHE_BYTES,
     )
 
 
@@ -105,10 +113,10 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from rlgen.cpu_server._app import ServerState, build_app
+    from rlgen.cpu_server._app import BackendState, build_app
 
     tokenizer_path = args.tokenizer_path or args.model_path
-    state = ServerState(
+    state = BackendState(
         runner=runner,
         tokenizer=AutoTokenizer.from_pretrained(tokenizer_path),
         server_args=_server_args(args, runner),
@@ -145,7 +153,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     return 0
 
 
-async def _warm_up(state: ServerState) -> None:
+async def _warm_up(state: BackendState) -> None:
     """One greedy 1-token generation through the whole pipeline, like SGLang's warm-up request."""
     from rlgen.cpu_server._runner import Job, SamplingParams
 
@@ -171,6 +179,8 @@ def _server_args(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
         "context_length": runner.context_length,
         "max_running_requests": runner.max_running_requests,
         "max_prefill_tokens": runner.max_prefill_tokens,
+        "disable_radix_cache": args.disable_radix_cache,
+        "enable_memory_saver": args.enable_memory_saver,
         "mem_fraction_static": args.mem_fraction_static,
         "disable_cuda_graph": args.disable_cuda_graph,
         "enable_metrics": args.enable_metrics,
@@ -205,7 +215,7 @@ def _avail_gb() -> float:
     try:
         import psutil
 
-        return psutil.virtual_memory().available / 2**30
+        return float(psutil.virtual_memory().available / 2**30)
     except ImportError:  # psutil is a dependency, but the number is cosmetic
         return 0.0
 

@@ -17,9 +17,10 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -36,6 +37,14 @@ SGLANG_API_VERSION = "0.5.17"
 _HEALTH_TIMEOUT_S = 20.0
 # A running batch that stepped this recently counts as healthy without queueing a probe.
 _RECENT_PROGRESS_S = 1.0
+# How often a waiting /generate checks whether its client left: SGLang's tokenizer manager wakes
+# every 4 s to ask (TokenizerManager._wait_one_response). A client that leaves should abort its
+# requests itself (rlgen does) rather than rely on this.
+_DISCONNECT_CHECK_S = 4.0
+_FLUSH_CACHE_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+    "the operation will not be performed.)\n"
+)
 
 _UNSUPPORTED_TOP_LEVEL = (
     "input_embeds", "image_data", "video_data", "audio_data", "token_ids_logprob",
@@ -50,7 +59,7 @@ class RequestValidationError(Exception):
 
 
 @dataclass
-class ServerState:
+class BackendState:
     """What the routes share: the runner, the app-side tokenizer, and the server's identity."""
 
     runner: Runner
@@ -84,7 +93,8 @@ class ServerState:
 
 
 @web.middleware
-async def _internal_errors(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+async def _internal_errors(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """A bug in a handler answers 500 with SGLang's HTTPException body; the server keeps serving."""
     try:
         return await handler(request)
@@ -95,7 +105,7 @@ async def _internal_errors(request: web.Request, handler: Callable[[web.Request]
         return _json({"object": "error", "message": f"Internal server error: {e!r}", "type": "500", "param": None, "code": 500}, 500)
 
 
-def build_app(state: ServerState) -> web.Application:
+def build_app(state: BackendState) -> web.Application:
     app = web.Application(client_max_size=1 << 30, middlewares=[_internal_errors])  # big prompt batches are normal
     routes = Routes(state)
     app.router.add_get("/health", routes.health)
@@ -107,10 +117,11 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/get_server_info", routes.get_server_info)
     for path in ("/get_weight_version", "/weight_version"):  # a 404 since SGLang 0.5.17, as there
         app.router.add_route("GET", path, routes.weight_version_removed)
+    app.router.add_get("/v1/loads", routes.loads)
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", routes.flush_cache)
-        app.router.add_route(method, "/release_memory_occupation", routes.memory_occupation)
-        app.router.add_route(method, "/resume_memory_occupation", routes.memory_occupation)
+        app.router.add_route(method, "/release_memory_occupation", routes.release_memory_occupation)
+        app.router.add_route(method, "/resume_memory_occupation", routes.resume_memory_occupation)
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", routes.generate)
     app.router.add_post("/abort_request", routes.abort_request)
@@ -122,7 +133,7 @@ def build_app(state: ServerState) -> web.Application:
 
 
 class Routes:
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: BackendState) -> None:
         self.state = state
 
     # ---- /generate ---------------------------------------------------------------------------
@@ -199,7 +210,7 @@ class Routes:
             "prompt_tokens": out.prompt_tokens,
             "weight_version": self.state.weight_version,
             "completion_tokens": len(out.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": out.cached_tokens,
         }
         if item.return_logprob:
             text = self.state.token_text if item.return_text_in_logprobs else None
@@ -284,6 +295,19 @@ class Routes:
         }
         return _json(info)
 
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's /v1/loads (core section): requests running and waiting, per DP rank (one here)."""
+        runner = self.state.runner
+        load = {
+            "dp_rank": 0,
+            "timestamp": time.time(),
+            "num_running_reqs": runner.num_running,
+            "num_waiting_reqs": runner.num_waiting,
+            "max_running_requests": runner.max_running_requests,
+        }
+        return _json({"timestamp": datetime.now(timezone.utc).isoformat(), "version": f"{SGLANG_API_VERSION}+rlgen.cpu",
+                      "accelerator": None, "num_accelerators": 0, "loads": [load]})  # fmt: skip
+
     async def weight_version_removed(self, request: web.Request) -> web.Response:
         detail = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
         return _json({"detail": detail}, status=404)
@@ -304,15 +328,44 @@ class Routes:
         return web.Response(status=200)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # No prefix cache on the CPU, so there is never anything to refuse.
-        return web.Response(
-            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-            "waiting requests, the operation will not be performed.)\n",
-        )
+        """Empty the prefix cache; SGLang answers 400 with the same text while requests run or wait."""
+        runner = self.state.runner
+        flushed = await self._on_scheduler(runner.flush_cache, barrier=False)
+        return web.Response(text=_FLUSH_CACHE_TEXT, status=200 if flushed else 400)
 
-    async def memory_occupation(self, request: web.Request) -> web.Response:
-        # CPU memory is not released; SGLang's handler returns None, serialized as `null`.
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        """Free the memory of the body's `tags` (all without tags) once running requests finish."""
+        try:
+            tags = _memory_tags_body(await _json_body(request))
+        except RequestValidationError as e:
+            return _validation_error(str(e))
+        runner = self.state.runner
+        await self._on_scheduler(lambda: runner.release_memory(tags))
+        return _json(None)  # SGLang's handler returns None, serialized as `null`
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        """Take the memory back; released weights stay without their values until a reload."""
+        try:
+            tags = _memory_tags_body(await _json_body(request))
+        except RequestValidationError as e:
+            return _validation_error(str(e))
+        runner = self.state.runner
+        await self._on_scheduler(lambda: runner.resume_memory(tags))
         return _json(None)
+
+    async def _on_scheduler(self, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
+        """Run `fn` on the scheduler thread (see Runner.call) and return its result or raise its error."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def finish(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                loop.call_soon_threadsafe(done.set_exception, error)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        self.state.runner.call(fn, finish, barrier=barrier)
+        return await done
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:
@@ -394,7 +447,7 @@ def _check_generate_types(body: Any) -> dict[str, Any]:
     }
 
 
-def _plan_generate(fields: dict[str, Any], state: ServerState) -> _Plan:
+def _plan_generate(fields: dict[str, Any], state: BackendState) -> _Plan:
     """Normalize like GenerateReqInput, tokenize, validate, and expand n (1.2, 1.3)."""
     text, input_ids, sampling = fields["text"], fields["input_ids"], fields["sampling_params"]
     if fields["unsupported"]:
@@ -446,7 +499,7 @@ def _plan_generate(fields: dict[str, Any], state: ServerState) -> _Plan:
     return _Plan(is_single=is_single, jobs=jobs, items=items)
 
 
-def _tokenize(state: ServerState, texts: list[str]) -> list[list[int]]:
+def _tokenize(state: BackendState, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
     return [list(ids) for ids in state.tokenizer(texts)["input_ids"]]
@@ -520,7 +573,7 @@ def _max_req_input_len(runner: Runner) -> int:
 def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> SamplingParams:
     """SGLang's SamplingParams.__post_init__ + verify(), plus the length checks (1.4)."""
     _check_prompt(prompt, runner)
-    known = {f for f in SamplingParams.__dataclass_fields__} | {"n", "stop"} | set(_IGNORED_SAMPLING)
+    known = set(SamplingParams.__dataclass_fields__) | {"n", "stop"} | set(_IGNORED_SAMPLING)
     for name in _UNSUPPORTED_SAMPLING:
         if raw.get(name) is not None:
             raise ValueError(f"sampling_params.{name} is not supported by the rlgen CPU backend.")
@@ -534,7 +587,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> 
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"sampling_params.{name} must be a number, got {value!r}.")  # noqa: TRY004
+            raise ValueError(f"sampling_params.{name} must be a number, got {value!r}.")
         return float(value)
 
     def integer(name: str, default: int | None) -> int | None:
@@ -542,7 +595,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> 
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"sampling_params.{name} must be an integer, got {value!r}.")  # noqa: TRY004
+            raise ValueError(f"sampling_params.{name} must be an integer, got {value!r}.")
         return value
 
     def flag(name: str, default: bool) -> bool:
@@ -550,7 +603,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> 
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ValueError(f"sampling_params.{name} must be a boolean, got {value!r}.")  # noqa: TRY004
+            raise ValueError(f"sampling_params.{name} must be a boolean, got {value!r}.")
         return value
 
     temperature = number("temperature", 1.0)
@@ -604,7 +657,7 @@ def _verify(p: SamplingParams) -> None:
         raise ValueError(f"presence_penalty must be in [-2, 2], got {p.presence_penalty}.")
     if not 0.0 < p.repetition_penalty <= 2.0:
         raise ValueError(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {p.repetition_penalty}.")
-    if not 0 <= p.min_new_tokens:
+    if not p.min_new_tokens >= 0:
         raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {p.min_new_tokens}.")
     if p.max_new_tokens is not None:
         if p.max_new_tokens < 0:
@@ -693,12 +746,13 @@ class _Collector:
 async def _wait_or_abort(
     finals: Any, request: web.Request, runner: Runner, plan: _Plan
 ) -> list[SeqOutput] | None:
-    """Await the results; abort the jobs if the client disconnects first (as SGLang does)."""
+    """Await the results; abort the jobs if the client disconnects first (as SGLang does, and as
+    seldom: every _DISCONNECT_CHECK_S)."""
     task = asyncio.ensure_future(finals)
     while True:
-        done, _ = await asyncio.wait({task}, timeout=1.0)
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
         if done:
-            return task.result()
+            return cast("list[SeqOutput] | None", task.result())
         transport = request.transport
         if transport is None or transport.is_closing():
             for job in plan.jobs:
@@ -751,6 +805,11 @@ def _typed(
     if not ok:
         raise RequestValidationError(f"Input should be {expected}: body.{name} (got {value!r:.80})")
     return value
+
+
+def _memory_tags_body(body: Any) -> list[str] | None:
+    """The `tags` of a release/resume body (ReleaseMemoryOccupationReqInput); None means all."""
+    return cast("list[str] | None", _typed(body, "tags", (list, type(None)), "a list of strings", items=(str,)))
 
 
 def _typed_input_ids(body: dict[str, Any]) -> list[Any] | None:

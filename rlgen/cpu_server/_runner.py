@@ -1,16 +1,19 @@
 """The CPU model runner: a scheduler thread that owns a transformers causal LM.
 
-Owns: loading (and reloading) the weights, the one running batch (left-padded, with a KV cache),
-prefill with prompt logprobs, the manual decode loop, per-row sampling (temperature, top-k/top-p/
-min-p, penalties, seeds), stop conditions, aborts, and the inbox through which the HTTP layer
-submits work. It knows nothing about HTTP or JSON: results leave as `SeqOutput` snapshots through
-each job's `sink` callback, called on the scheduler thread.
+Owns: loading (and reloading) the weights, releasing and resuming memory (weights, KV cache) the
+way SGLang's memory saver does, the one running batch (left-padded, with a KV cache), prefill with
+prompt logprobs and prefix-cache hits (`_prefix_cache`), the manual decode loop, per-row sampling
+(temperature, top-k/top-p/min-p, penalties, seeds), stop conditions, aborts, and the inbox through
+which the HTTP layer submits work. It knows nothing about HTTP or JSON: results leave as
+`SeqOutput` snapshots through each job's `sink` callback, called on the scheduler thread.
 
 Batching works like a small continuous-batching engine. Waiting jobs are prefilled together as
 one padded batch and merged into the running batch (both are padded on the left to a common
 length). Every decode step then runs all running rows through the model at once. Finished or
 aborted rows leave at step boundaries. Position ids are tracked per row, so the left padding does
-not change results beyond float rounding.
+not change results beyond float rounding. A prompt whose prefix is cached is prefilled from the
+cached keys and values plus its remaining tokens; in the batch that prefix sits left of the new
+tokens, with padding between them where rows differ (masked like the left padding).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from transformers.cache_utils import DynamicLayer
 
 from rlgen.cpu_server import _faults
+from rlgen.cpu_server._prefix_cache import PrefixCache
 
 logger = logging.getLogger("rlgen.cpu_server")
 
@@ -40,6 +44,10 @@ _GREEDY_EPS = 1e-6
 _LOGPROB_MIN = torch.finfo(torch.float32).min
 # Every this many decode steps, log a "Decode batch" line (SGLang's decode_log_interval).
 _DECODE_LOG_INTERVAL = 40
+# The prefix cache's default size: a bound on the memory it holds, whatever the traffic.
+DEFAULT_PREFIX_CACHE_BYTES = 256 << 20
+# The memory tags of SGLang's memory saver (constants.py: GPU_MEMORY_ALL_TYPES).
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,8 @@ class SeqOutput:
     output_top_logprobs: list[list[tuple[float, int]]] | None = None
     # (HTTP status, message) when the scheduler failed this sequence.
     error: tuple[int, str] | None = None
+    # Prompt tokens whose keys and values came from the prefix cache (SGLang's cached_tokens).
+    cached_tokens: int = 0
     # time.monotonic() when the scheduler took this snapshot: a finished sequence's finish time, so
     # that each row of a batch gets its own e2e_latency, as in SGLang
     produced_at: float = field(default_factory=time.monotonic)
@@ -120,6 +130,7 @@ class _Seq:
     finish_reason: dict[str, Any] | None = None
     # How many trailing output tokens to decode when looking for stop strings.
     stop_tail_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -136,10 +147,15 @@ class _Batch:
 
 @dataclass
 class _Call:
-    """A control operation run on the scheduler thread once no batch is running."""
+    """A control operation run on the scheduler thread.
+
+    A barrier call runs once the work submitted before it has finished; an immediate one runs as
+    soon as the scheduler takes it from the inbox (between two steps).
+    """
 
     fn: Callable[[], Any]
     done: Callable[[Any, BaseException | None], None]
+    barrier: bool = True
 
 
 class _Abort:
@@ -162,6 +178,7 @@ class Runner:
         max_running_requests: int = 64,
         max_prefill_tokens: int = 8192,
         random_seed: int | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         self.model_path = model_path
         # The scheduler thread has its own tokenizer: HF fast tokenizers are not safe to share
@@ -176,6 +193,11 @@ class Runner:
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.rng = torch.Generator().manual_seed(random_seed if random_seed is not None else 0)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # Memory tags released and not yet resumed (scheduler thread; read by others for display).
+        self.released: frozenset[str] = frozenset()
+        # Shapes of the released parameters, to take their memory back on resume.
+        self._released_shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
 
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[Job | _Call] = deque()
@@ -203,9 +225,15 @@ class Runner:
         """Abort the sequence with this rid (None: all). Unknown rids are ignored."""
         self._inbox.put(_Abort(rid))
 
-    def call(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
-        """Run `fn` on the scheduler thread after the running batch drains; then `done(result, error)`."""
-        self._inbox.put(_Call(fn, done))
+    def call(
+        self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None], *, barrier: bool = True
+    ) -> None:
+        """Run `fn` on the scheduler thread, then `done(result, error)` there.
+
+        With `barrier`, `fn` waits until the work submitted before it has finished and delays the
+        work submitted after it; without, it runs between two steps of the running batch.
+        """
+        self._inbox.put(_Call(fn, done, barrier))
 
     @property
     def busy(self) -> bool:
@@ -213,9 +241,12 @@ class Runner:
 
     def reload_weights(self, model_path: str) -> tuple[bool, str]:
         """Load weights from `model_path` into the live model (scheduler thread; use `call`)."""
+        if "weights" in self.released:
+            # On SGLang this would write into unmapped GPU memory; here it is refused instead.
+            return False, "Failed to update weights: the weights are released; resume_memory_occupation first."
         try:
             fresh = _load_model(model_path)
-        except Exception as e:  # noqa: BLE001 - the message goes back to the client
+        except Exception as e:
             return False, f"Failed to get weights iterator: {e}."
         # Check everything before copying anything, so a failed update leaves the old weights.
         current = self.model.state_dict()
@@ -229,7 +260,54 @@ class Runner:
             return False, f"Failed to update weights: {problem}.\nRolling back to original weights."
         self.model.load_state_dict(incoming, strict=True)
         self.model_path = model_path
+        # Cached keys and values were computed with the old weights (SGLang flushes here too).
+        self.prefix_cache.clear()
         return True, "Succeeded to update model weights."
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; refused (False) while requests run or wait, as in SGLang.
+
+        Scheduler thread: use `call(..., barrier=False)`.
+        """
+        if self._batch is not None or any(isinstance(item, Job) for item in self._waiting):
+            return False
+        self.prefix_cache.clear()
+        return True
+
+    def release_memory(self, tags: list[str] | None) -> None:
+        """Free the memory of `tags` (all if None or empty), like SGLang with --enable-memory-saver.
+
+        "weights": every parameter's storage is freed (the tensors become empty); "kv_cache": the
+        prefix cache is emptied (the running batch's cache is already gone: this is a barrier
+        call). Generation fails until the tags are resumed. Unknown tags change nothing.
+        Scheduler thread: use `call`.
+        """
+        releasing = _memory_tags(tags)
+        if "weights" in releasing and "weights" not in self.released:
+            for name, param in self.model.named_parameters():
+                self._released_shapes[name] = (param.shape, param.dtype)
+                param.data = torch.empty(0, dtype=param.dtype)
+        if releasing & {"weights", "kv_cache"}:
+            # SGLang flushes on a kv_cache release; on a weights release the cached keys and
+            # values belong to weights that are gone.
+            self.prefix_cache.clear()
+        self.released = self.released | releasing
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        """Take the memory of `tags` back (all if None or empty).
+
+        As in SGLang 0.5.17, resumed weights get their memory back but not their values: they are
+        zeros until `reload_weights` (SGLang's update_weights_from_disk) loads them. Resuming a
+        tag that is not released changes nothing (SGLang's scheduler raises KeyError there).
+        Scheduler thread: use `call`.
+        """
+        resuming = _memory_tags(tags) & self.released
+        if "weights" in resuming:
+            parameters = dict(self.model.named_parameters())
+            for name, (shape, dtype) in self._released_shapes.items():
+                parameters[name].data = torch.zeros(shape, dtype=dtype)
+            self._released_shapes.clear()
+        self.released = self.released - resuming
 
     # ---- the scheduler loop ------------------------------------------------------------------
 
@@ -251,10 +329,21 @@ class Runner:
         if self._run_barrier_call():
             return
         jobs = self._admit()
-        if jobs:
+        if jobs and self.released:
+            self._refuse_while_released(jobs)
+        elif jobs:
             self._prefill_and_merge(jobs)
         elif self._batch is not None:
             self._decode_step()
+
+    def _refuse_while_released(self, jobs: list[Job]) -> None:
+        # SGLang has no such check (its kernels would read unmapped memory); a clear error is kinder.
+        message = (
+            f"Cannot generate: memory is released ({', '.join(sorted(self.released))}); call "
+            "/resume_memory_occupation, and reload the weights with /update_weights_from_disk, first."
+        )
+        for job in jobs:
+            _deliver(job.sink, _error_output(_Seq(job, None), message, status=503))
 
     def _fail_running(self, message: str) -> None:
         if self._batch is not None:
@@ -273,6 +362,8 @@ class Runner:
         for item in items:
             if isinstance(item, _Abort):
                 self._apply_abort(item.rid)
+            elif isinstance(item, _Call) and not item.barrier:
+                _run_call(item)
             elif isinstance(item, _Call):
                 self._waiting.append(item)
             else:
@@ -306,11 +397,7 @@ class Runner:
             return False
         call = self._waiting.popleft()
         assert isinstance(call, _Call)
-        try:
-            result, error = call.fn(), None
-        except Exception as e:  # noqa: BLE001 - reported to the caller
-            result, error = None, e
-        call.done(result, error)
+        _run_call(call)
         return True
 
     def _admit(self) -> list[Job]:
@@ -343,34 +430,49 @@ class Runner:
             for seq in seqs:
                 _deliver(seq.job.sink, _error_output(seq, f"Prefill failed: {e!r}"))
             return
-        num_tokens = sum(len(job.input_ids) for job in jobs)
+        num_cached = sum(seq.cached_tokens for seq in seqs)
+        num_tokens = sum(len(job.input_ids) for job in jobs) - num_cached
         self._batch = batch if self._batch is None else _merge(self._batch, batch)
         self._drop_finished()
         self.last_progress = time.monotonic()
         logger.info(
-            f"Prefill batch. #new-seq: {len(jobs)}, #new-token: {num_tokens}, #cached-token: 0, "
+            f"Prefill batch. #new-seq: {len(jobs)}, #new-token: {num_tokens}, #cached-token: {num_cached}, "
             f"#running-req: {len(self._batch.seqs) if self._batch else 0}, #queue-req: {len(self._waiting)}, "
             f"time: {time.monotonic() - started:.3f}s"
         )
 
     def _prefill(self, seqs: list[_Seq]) -> _Batch:
+        """Prefill `seqs` as one batch: cached prefixes (right-aligned) then the new tokens.
+
+        Row r's columns are [padding][cached prefix m_r][padding][new tokens s_r], the prefix part
+        P = max m_r wide and the new part S = max s_r wide; the mask hides the padding.
+        """
+        hits = [self._match_prefix(seq.job) for seq in seqs]
+        for seq, (cached, _) in zip(seqs, hits):
+            seq.cached_tokens = cached
         lengths = [len(s.job.input_ids) for s in seqs]
-        width = max(lengths)
+        cached_lens = [cached for cached, _ in hits]
+        new_lens = [n - m for n, m in zip(lengths, cached_lens)]
+        width, prefix_width = max(new_lens), max(cached_lens)
         pad_id = self.eos_token_ids[0] if self.eos_token_ids else 0
         input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        new_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        prefix_mask = torch.zeros((len(seqs), prefix_width), dtype=torch.long)
         for row, seq in enumerate(seqs):
-            n = lengths[row]
-            input_ids[row, width - n :] = torch.tensor(seq.job.input_ids, dtype=torch.long)
-            mask[row, width - n :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache([])
-        hidden = self._forward(input_ids, mask, positions, cache)  # [B, T, H]
+            m, s = cached_lens[row], new_lens[row]
+            input_ids[row, width - s :] = torch.tensor(seq.job.input_ids[m:], dtype=torch.long)
+            new_mask[row, width - s :] = 1
+            prefix_mask[row, prefix_width - m :] = 1
+        positions = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cached_lens)[:, None]
+        cache = _new_cache(_prefix_layers(hits, prefix_width) if prefix_width else [])
+        mask = torch.cat([prefix_mask, new_mask], dim=1)
+        hidden = self._forward(input_ids, mask, positions, cache)  # [B, S, H]
 
         # Prompt logprobs only where asked, position by position (never the full [B, T, V]).
         for row, seq in enumerate(seqs):
             if seq.job.return_logprob:
-                self._fill_input_logprobs(seq, hidden[row, width - lengths[row] :])
+                self._fill_input_logprobs(seq, hidden[row, width - new_lens[row] :], offset=cached_lens[row])
+        self._cache_prompts(seqs, cache, cached_lens, new_lens)
 
         logits = self._logits(hidden[:, -1, :])  # [B, V]
         batch = _Batch(
@@ -389,15 +491,49 @@ class Runner:
         self._sample_and_append(batch, logits)
         return batch
 
-    def _fill_input_logprobs(self, seq: _Seq, hidden: torch.Tensor) -> None:
-        """SGLang's shape: entries for prompt[s:], the first one's logprob always None."""
+    def _match_prefix(self, job: Job) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The cached prefix this job may reuse: at least its last prompt token is computed (its
+        logits pick the first output token), and none of the positions whose prompt logprobs it
+        asked for (their hidden states are needed), as SGLang limits its prefix match."""
+        if not self.prefix_cache.enabled:
+            return 0, None
+        limit = len(job.input_ids) - 1
+        if job.return_logprob:
+            limit = min(limit, job.logprob_start_len)
+        return self.prefix_cache.match(job.input_ids, limit)
+
+    def _cache_prompts(self, seqs: list[_Seq], cache: DynamicCache, cached_lens: list[int], new_lens: list[int]) -> None:
+        """Insert each prompt's keys and values (cached prefix + new part) into the prefix cache."""
+        if not self.prefix_cache.enabled:
+            return
+        layers = _kv(cache)
+        total = layers[0][0].shape[2] if layers else 0
+        prefix_width = total - max(new_lens, default=0)
+        for row, seq in enumerate(seqs):
+            ids = seq.job.input_ids
+            if self.prefix_cache.contains(ids):
+                continue
+            m, s = cached_lens[row], new_lens[row]
+            parts = [slice(prefix_width - m, prefix_width), slice(total - s, total)]
+            # torch.cat copies: the entry must not keep the batch's growing buffers alive.
+            self.prefix_cache.insert(ids, [
+                (torch.cat([k[row, :, p] for p in parts], dim=1), torch.cat([v[row, :, p] for p in parts], dim=1))
+                for k, v in layers
+            ])  # fmt: skip
+
+    def _fill_input_logprobs(self, seq: _Seq, hidden: torch.Tensor, offset: int = 0) -> None:
+        """SGLang's shape: entries for prompt[s:], the first one's logprob always None.
+
+        `hidden[i]` is the hidden state at prompt position `offset + i` (positions before
+        `offset` came from the prefix cache, which never covers position s or later).
+        """
         ids = seq.job.input_ids
         start = seq.job.logprob_start_len
         entries: list[tuple[float | None, int]] = [(None, ids[start])]
         tops: list[list[tuple[float, int]] | None] = [None]
         if start + 1 < len(ids):
             # Position j predicts token j + 1: positions start .. n-2 give tokens start+1 .. n-1.
-            logprobs = torch.log_softmax(self._logits(hidden[start:-1]), dim=-1).clamp(min=_LOGPROB_MIN)
+            logprobs = torch.log_softmax(self._logits(hidden[start - offset : -1]), dim=-1).clamp(min=_LOGPROB_MIN)
             targets = torch.tensor(ids[start + 1 :], dtype=torch.long)
             picked = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
             entries.extend(zip(picked, ids[start + 1 :]))
@@ -433,15 +569,15 @@ class Runner:
         self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
         """Run the decoder (without the LM head) and return the last hidden states."""
-        decoder = self.model.get_decoder()
+        decoder = self.model.get_decoder()  # type: ignore[no-untyped-call]
         kwargs = {_cache_kwarg(decoder): cache}
         out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
-        return out.last_hidden_state
+        return cast(torch.Tensor, out.last_hidden_state)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.get_output_embeddings()
+        head = self.model.get_output_embeddings()  # type: ignore[no-untyped-call]
         assert head is not None, "a causal LM has an LM head"
-        return head(hidden).float()
+        return cast(torch.Tensor, head(hidden).float())
 
     def _log_decode(self, num_rows: int) -> None:
         self._decode_steps += 1
@@ -580,6 +716,7 @@ class Runner:
             input_top_logprobs=list(seq.in_top) if seq.in_top is not None else None,
             output_token_logprobs=list(seq.out_logprobs) if job.return_logprob else None,
             output_top_logprobs=list(seq.out_top) if job.return_logprob and job.top_logprobs_num > 0 else None,
+            cached_tokens=seq.cached_tokens,
         )
 
     def _drop_finished(self) -> None:
@@ -637,12 +774,12 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
     )
 
 
-class _GrowingLayer(DynamicLayer):
+class _GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A DynamicLayer that appends into spare capacity instead of re-concatenating every step.
 
-    DynamicLayer copies the whole cache on every decode step (torch.cat), which made a step of 16
-    rows ~2x slower after 300 tokens. Here the keys/values are views into buffers that grow by
-    half their length when full.
+    DynamicLayer copies the whole cache on every decode step (torch.cat), so a step slows down as
+    the sequence grows. Here the keys/values are views into buffers that grow by half their length
+    when full, so a step appends in place (docs/decisions.md has the measurement).
     """
 
     def update(
@@ -676,10 +813,27 @@ def _new_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = _GrowingLayer  # layers are created on first use
     for keys, values in layers:
-        layer = _GrowingLayer()
+        layer = _GrowingLayer()  # type: ignore[no-untyped-call]
         layer.update(keys, values)
         cache.layers.append(layer)
     return cache
+
+
+def _prefix_layers(
+    hits: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]], width: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the rows' cached prefixes as [B, kv_heads, width, head_dim], right-aligned (zeros on the left)."""
+    template = next(layers for _, layers in hits if layers is not None)
+    out = []
+    for index, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(hits), k0.shape[0], width, k0.shape[2]))
+        values = v0.new_zeros((len(hits), v0.shape[0], width, v0.shape[2]))
+        for row, (m, layers) in enumerate(hits):
+            if layers is not None:
+                keys[row, :, width - m :] = layers[index][0]
+                values[row, :, width - m :] = layers[index][1]
+        out.append((keys, values))
+    return out
 
 
 def _cache_kwarg(decoder: torch.nn.Module) -> str:
@@ -698,7 +852,7 @@ def _kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _load_model(path: str) -> PreTrainedModel:
     # float32 on the CPU: bf16 matmuls are slow there, and float32 keeps greedy runs stable.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model
 
 
@@ -755,15 +909,29 @@ def _ends_with_stop_prefix(text: str, stops: tuple[str, ...]) -> bool:
     return any(text.endswith(stop[:k]) for stop in stops for k in range(1, len(stop)))
 
 
-def _error_output(seq: _Seq, message: str) -> SeqOutput:
+def _error_output(seq: _Seq, message: str, *, status: int = 500) -> SeqOutput:
     return SeqOutput(
         rid=seq.job.rid,
         prompt_tokens=len(seq.job.input_ids),
         output_ids=list(seq.output_ids),
         text="",
         finish_reason=None,
-        error=(500, message),
+        error=(status, message),
+        cached_tokens=seq.cached_tokens,
     )
+
+
+def _run_call(call: _Call) -> None:
+    try:
+        result, error = call.fn(), None
+    except Exception as e:
+        result, error = None, e
+    call.done(result, error)
+
+
+def _memory_tags(tags: list[str] | None) -> frozenset[str]:
+    """The known memory tags among `tags`; None or empty means all of them (as in SGLang)."""
+    return frozenset(MEMORY_TAGS) if not tags else frozenset(tags) & frozenset(MEMORY_TAGS)
 
 
 def _deliver(sink: Callable[[SeqOutput], None], output: SeqOutput) -> None:
@@ -777,8 +945,8 @@ def _deliver(sink: Callable[[SeqOutput], None], output: SeqOutput) -> None:
 def default_num_threads() -> int:
     """Torch threads for the model: leave a core for the event loop and the client.
 
-    On 2 cores one thread wins: measured on a shared 2-core machine, a decode step of 8 rows took
-    0.22 s with 1 thread and 0.32 s with 2 (passive OpenMP wait), 1.27 s with 2 spinning threads.
+    On 2 cores one thread wins: a second torch thread competes with the server's event loop and
+    the client for the other core, and decode steps get slower, not faster (docs/decisions.md).
     """
     cores = os.cpu_count() or 1
     return 1 if cores <= 2 else cores - 1

@@ -14,10 +14,11 @@ if [ -d /tmp/rlgen-extra ]; then
   export PYTHONPATH="/tmp/rlgen-extra:$PYTHONPATH" PATH="/tmp/rlgen-extra/bin:$PATH"
 fi
 # The results name the rlgen commit they ran at (bench/_common.py's environment()). The device
-# machine gets the working tree without .git: give it in the command, written out where the tree
-# was copied from, e.g. RLGEN_COMMIT=$(git describe --always --dirty --abbrev=40).
-if ! git rev-parse HEAD >/dev/null 2>&1 && [ -z "${RLGEN_COMMIT:-}" ]; then
-  echo "note: no git checkout here and RLGEN_COMMIT is unset: the results will not name their rlgen commit" >&2
+# machine's copy of the tree carries a .git that is not the copied checkout's, so its HEAD is not
+# the commit that ran: give it in the command, written out where the tree was copied from, e.g.
+# RLGEN_COMMIT=$(git describe --always --dirty --abbrev=40).
+if [ -z "${RLGEN_COMMIT:-}" ]; then
+  echo "note: RLGEN_COMMIT is unset: the results will name whatever commit the copy's .git holds" >&2
 fi
 # The bundle has no FA3 kernels: always the triton attention backend there.
 SGLANG_FLAGS=(--attention-backend triton --sampling-backend pytorch)

@@ -7,6 +7,7 @@ bf16 on a GPU vs fp32 on a CPU) the test says so and checks only what must hold 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -28,7 +29,7 @@ def _assert_sample_shape(entry: dict) -> None:
     assert isinstance(entry["text"], str)
     assert all(isinstance(t, int) for t in entry["output_ids"])
     meta = entry["meta_info"]
-    assert META_KEYS <= set(meta), sorted(META_KEYS - set(meta))
+    assert set(meta) >= META_KEYS, sorted(META_KEYS - set(meta))
     assert meta["finish_reason"]["type"] in {"stop", "length", "abort"}
     assert meta["completion_tokens"] == len(entry["output_ids"])
     assert isinstance(meta["e2e_latency"], float) and meta["e2e_latency"] > 0
@@ -226,6 +227,49 @@ def test_sampling_params_top_p_min_p_and_repetition_penalty_are_accepted(target)
     _assert_sample_shape(out)
 
 
+def _sampled_tokens_below_the_top(target, **params) -> int:
+    """Of 4 samples x 12 tokens at temperature 1 on an open prompt, how many were not the most
+    likely token. A sampled token's logprob equals the top-1 logprob when it is the most likely
+    one (or tied with it): both come from the same distribution, taken before top-p/min-p
+    filtering (docs/sglang-api.md 1.6), so exact ties in bf16 cannot fail the count."""
+    ids = target.chat_ids("Invent a name for a cat.")
+    out = target.generate({"input_ids": [ids] * 4, "return_logprob": True, "top_logprobs_num": 1,
+                           "sampling_params": {"temperature": 1.0, "max_new_tokens": 12, "ignore_eos": True, **params}})
+    below = 0
+    for entry in out:
+        meta = entry["meta_info"]
+        for (lp, _, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+            below += lp < top[0][0] - 1e-5
+    return below
+
+
+def test_sampling_at_temperature_1_also_picks_less_likely_tokens(target) -> None:
+    # What makes the top_p and min_p checks below able to fail: unfiltered, this prompt samples
+    # tokens other than the most likely one (over half of them on the CPU backend).
+    below = _sampled_tokens_below_the_top(target)
+    assert below > 0, "every sampled token was the most likely one"
+
+
+@pytest.mark.parametrize("params", [{"top_p": 1e-6}, {"min_p": 1.0}], ids=["top_p", "min_p"])
+def test_a_tiny_top_p_or_a_min_p_of_one_samples_only_the_most_likely_token(target, params: dict) -> None:
+    # top_p keeps the most likely tokens while the mass before them is <= top_p: the first one
+    # only, as every token has mass > 1e-6 here. min_p keeps tokens >= min_p x the top one's.
+    below = _sampled_tokens_below_the_top(target, **params)
+    assert below == 0, f"{below} of 48 sampled tokens were not the most likely one"
+
+
+def test_repetition_penalty_breaks_a_greedy_loop(target) -> None:
+    # SGLang's repetition penalty divides the positive logits (multiplies the negative ones) of
+    # the tokens already generated; greedy here repeats " hello" without it.
+    ids = target.tokenizer("Repeat after me: hello hello hello hello hello hello")["input_ids"]
+    params = {**GREEDY, "max_new_tokens": 12, "ignore_eos": True}
+    plain = target.generate({"input_ids": ids, "sampling_params": params})["output_ids"]
+    penalized = target.generate({"input_ids": ids, "sampling_params": {**params, "repetition_penalty": 2.0}})["output_ids"]
+    most_repeated = max(plain.count(t) for t in plain)
+    assert most_repeated >= 8, target.tokenizer.decode(plain)  # the prompt makes the model loop
+    assert max(penalized.count(t) for t in penalized) <= most_repeated // 2, target.tokenizer.decode(penalized)
+
+
 # ---------------------------------------------------------------------------------------------
 # Logprobs
 
@@ -300,7 +344,7 @@ def test_stream_sends_sse_chunks_ending_in_done_and_matches_the_non_stream_resul
     assert final["meta_info"]["completion_tokens"] == 16
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     # By default SGLang streams cumulatively: each chunk carries all text, ids and logprobs so far.
-    for before, after in zip(chunks, chunks[1:]):
+    for before, after in itertools.pairwise(chunks):
         assert after["text"].startswith(before["text"])
         assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
     assert final["output_ids"] == full["output_ids"]
@@ -352,6 +396,29 @@ def test_abort_all_aborts_every_running_request(target) -> None:
         assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
+def _requests_on_server(target) -> int:
+    status, body = target.get("/v1/loads")
+    assert status == 200, body
+    return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in body["loads"])
+
+
+def test_v1_loads_counts_a_running_request_until_it_is_aborted(target) -> None:
+    rid = f"conf-loads-{uuid.uuid4().hex}"
+    thread, box = _generate_in_thread(target, {"text": "Tell me everything.", "rid": rid,
+                                               "sampling_params": {"temperature": 1.0, "max_new_tokens": LONG, "ignore_eos": True}})
+    deadline = time.monotonic() + 60
+    while _requests_on_server(target) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _requests_on_server(target) == 1
+    assert target.post("/abort_request", {"rid": rid})[0] == 200
+    thread.join(timeout=60)
+    assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    deadline = time.monotonic() + 5  # SGLang publishes the counts when its scheduler goes idle
+    while _requests_on_server(target) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _requests_on_server(target) == 0
+
+
 def test_the_server_serves_normally_after_an_abort(target) -> None:
     out = target.generate({"text": "Hello", "sampling_params": {**GREEDY, "max_new_tokens": 3, "ignore_eos": True}})
     assert out["meta_info"]["finish_reason"]["type"] == "length"
@@ -361,12 +428,21 @@ def test_the_server_serves_normally_after_an_abort(target) -> None:
 # Control endpoints
 
 
-def test_flush_cache_answers_200_when_idle(target) -> None:
-    assert target.post("/flush_cache")[0] == 200
+def test_flush_cache_empties_the_prefix_cache_and_answers_200_when_idle(target) -> None:
+    body = {"input_ids": target.chat_ids("Name a colour."), "sampling_params": {**GREEDY, "max_new_tokens": 1}}
+    target.generate(body)
+    assert target.generate(body)["meta_info"]["cached_tokens"] > 0  # the repeated prompt's prefix
+    status, text = target.post("/flush_cache")
+    assert status == 200 and "Cache flushed" in text
+    assert target.generate(body)["meta_info"]["cached_tokens"] == 0
 
 
 def test_update_weights_from_disk_reloads_and_sets_the_weight_version(target) -> None:
     body = {"input_ids": target.chat_ids(CAPITAL), "sampling_params": {**GREEDY, "max_new_tokens": 8}}
+    # A weight update empties the prefix cache, so `after` is computed from a cold cache: `before`
+    # must be too. (SGLang's greedy answer to this prompt differs between a cached and a cold
+    # prefix on the GPU bundle: docs/gpu/2026-11-30, finding 1.)
+    assert target.post("/flush_cache")[0] == 200
     before = target.generate(body)
     status, res = target.post("/update_weights_from_disk", {"model_path": target.model_path, "weight_version": "conf-v2"})
     assert status == 200 and res["success"] is True, res
