@@ -857,8 +857,15 @@ def _forget_inherited() -> None:
 
 
 def _checkin(workers: list[_Worker]) -> None:
+    """Keep a run's healthy workers for the next run: as many as it had, or as there are CPUs,
+    whichever is more (runs from several threads at once do not leave their sum behind)."""
     with _pool_lock:
         _idle.extend(w for w in workers if not w.dead and not w.sent and not w.out and w.proc.poll() is None)
+        keep = max(_cpu_count(), len(workers))
+        extra = _idle[:-keep] if len(_idle) > keep else []
+        del _idle[:len(extra)]
+    for worker in extra:
+        _kill(worker)
 
 
 def _spawn(key: tuple[Any, ...]) -> _Worker:

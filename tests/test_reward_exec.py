@@ -231,6 +231,24 @@ def test_workers_are_reused_across_runs_until_the_environment_changes(monkeypatc
 
 
 @pytest.mark.timeout(60)
+def test_runs_from_several_threads_at_once_get_their_own_workers_and_leave_a_bounded_pool() -> None:
+    results: dict[int, tuple[bool, set[int]]] = {}
+
+    def run(k: int) -> None:
+        outcomes = run_calls(lambda x: (x * k, os.getpid()), calls_of(*range(200)), workers=2)
+        results[k] = ([o.value[0] for o in outcomes] == [i * k for i in range(200)], {o.value[1] for o in outcomes})
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (2, 3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    assert [results[k][0] for k in (2, 3, 5)] == [True] * 3
+    assert sum(len(pids) for _, pids in results.values()) == len(set().union(*(pids for _, pids in results.values())))
+    assert len(_reward_exec._idle) <= max(_reward_exec._cpu_count(), 2)
+
+
+@pytest.mark.timeout(60)
 def test_a_worker_imports_neither_rlgen_nor_pandas_to_run_a_function() -> None:
     close_pools()  # workers of earlier tests imported this test module, and so rlgen
     (outcome,) = run_calls(lambda _: sorted(m for m in ("rlgen", "pandas", "torch") if m in sys.modules), calls_of(1))
