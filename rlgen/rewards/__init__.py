@@ -1,0 +1,45 @@
+"""Built-in rewards and offline tasks: answer checks, format and length rewards, reasoning-gym tasks.
+
+Every reward here is a plain per-row function whose parameter names are rollout columns or
+per-prompt data (`completion`, `answer`, `completion_tokens`, `metadata`), returning a float, or
+None where it cannot judge (e.g. no answer found). Configurable ones are factories whose result
+is named for its settings (`answer_match(extract="last_number")` is `answer_last_number`). All
+pickle with cloudpickle, for worker processes.
+
+Importing this package stays light: math-verify and reasoning-gym (the optional extra
+`pip install 'rlgen[rewards]'`) are imported by the functions that need them, when called.
+
+Usage::
+
+    from rlgen import rewards
+    rewards.extract_answer("so 3 + 4 = 7", "last_number")  # '7'
+"""
+
+from __future__ import annotations
+
+from ._answers import (
+    COMPARE_METHODS,
+    EXTRACT_METHODS,
+    CompareMethod,
+    ExtractMethod,
+    answer_match,
+    answers_match,
+    extract_answer,
+    parse_number,
+)
+from ._extra import INSTALL_HINT
+from ._shape import soft_overlong_penalty, think_format
+
+__all__ = [
+    "COMPARE_METHODS",
+    "EXTRACT_METHODS",
+    "INSTALL_HINT",
+    "CompareMethod",
+    "ExtractMethod",
+    "answer_match",
+    "answers_match",
+    "extract_answer",
+    "parse_number",
+    "soft_overlong_penalty",
+    "think_format",
+]
