@@ -28,6 +28,7 @@ from ._answers import (
     parse_number,
 )
 from ._extra import INSTALL_HINT
+from ._math import math_verify_match, math_verify_reward
 from ._shape import soft_overlong_penalty, think_format
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "answer_match",
     "answers_match",
     "extract_answer",
+    "math_verify_match",
+    "math_verify_reward",
     "parse_number",
     "soft_overlong_penalty",
     "think_format",
