@@ -12,6 +12,8 @@ Importing this package stays light: math-verify and reasoning-gym (the optional 
 Usage::
 
     from rlgen import rewards
+    task = rewards.tutorial_task()                         # 16 small additions
+    res = eng.generate(task.prompts, **task.sampling)      # n=8 samples each
     rewards.extract_answer("so 3 + 4 = 7", "last_number")  # '7'
 """
 
@@ -30,19 +32,26 @@ from ._answers import (
 from ._extra import INSTALL_HINT
 from ._math import math_verify_match, math_verify_reward
 from ._shape import soft_overlong_penalty, think_format
+from ._tasks import DEFAULT_INSTRUCTION, PROMPT_STYLES, PromptStyle, Task, reasoning_gym_task, tutorial_task
 
 __all__ = [
     "COMPARE_METHODS",
+    "DEFAULT_INSTRUCTION",
     "EXTRACT_METHODS",
     "INSTALL_HINT",
+    "PROMPT_STYLES",
     "CompareMethod",
     "ExtractMethod",
+    "PromptStyle",
+    "Task",
     "answer_match",
     "answers_match",
     "extract_answer",
     "math_verify_match",
     "math_verify_reward",
     "parse_number",
+    "reasoning_gym_task",
     "soft_overlong_penalty",
     "think_format",
+    "tutorial_task",
 ]
