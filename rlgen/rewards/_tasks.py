@@ -10,6 +10,7 @@ every question from its seed. Knows nothing about generation or how rewards are 
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -124,7 +125,7 @@ def _task_reward(name: str, config_json: str, seed: int, size: int) -> TaskRewar
         if md.get("source_dataset") == name and isinstance(index, int) and 0 <= index < size:
             regenerated = _entry(name, config_json, seed, size, index)
             if regenerated["answer"] == gold and regenerated["metadata"].get("source_index") == index:
-                entry = regenerated
+                entry = copy.deepcopy(regenerated)  # the cached entry stays as generated, whatever a scorer does
         parsed = rg.utils.extract_answer(completion, tag_name="answer")
         return float(dataset.score_answer(parsed, entry))
 
