@@ -1,0 +1,57 @@
+"""Built-in rewards and offline tasks: answer checks, format and length rewards, reasoning-gym tasks.
+
+Every reward here is a plain per-row function whose parameter names are rollout columns or
+per-prompt data (`completion`, `answer`, `completion_tokens`, `metadata`), returning a float, or
+None where it cannot judge (e.g. no answer found). Configurable ones are factories whose result
+is named for its settings (`answer_match(extract="last_number")` is `answer_last_number`). All
+pickle with cloudpickle, for worker processes.
+
+Importing this package stays light: math-verify and reasoning-gym (the optional extra
+`pip install 'rlgen[rewards]'`) are imported by the functions that need them, when called.
+
+Usage::
+
+    from rlgen import rewards
+    task = rewards.tutorial_task()                         # 16 small additions
+    res = eng.generate(task.prompts, **task.sampling)      # n=8 samples each
+    rewards.extract_answer("so 3 + 4 = 7", "last_number")  # '7'
+"""
+
+from __future__ import annotations
+
+from ._answers import (
+    COMPARE_METHODS,
+    EXTRACT_METHODS,
+    CompareMethod,
+    ExtractMethod,
+    answer_match,
+    answers_match,
+    extract_answer,
+    parse_number,
+)
+from ._extra import INSTALL_HINT
+from ._math import math_verify_match, math_verify_reward
+from ._shape import soft_overlong_penalty, think_format
+from ._tasks import DEFAULT_INSTRUCTION, PROMPT_STYLES, PromptStyle, Task, reasoning_gym_task, tutorial_task
+
+__all__ = [
+    "COMPARE_METHODS",
+    "DEFAULT_INSTRUCTION",
+    "EXTRACT_METHODS",
+    "INSTALL_HINT",
+    "PROMPT_STYLES",
+    "CompareMethod",
+    "ExtractMethod",
+    "PromptStyle",
+    "Task",
+    "answer_match",
+    "answers_match",
+    "extract_answer",
+    "math_verify_match",
+    "math_verify_reward",
+    "parse_number",
+    "reasoning_gym_task",
+    "soft_overlong_penalty",
+    "think_format",
+    "tutorial_task",
+]
