@@ -147,12 +147,12 @@ def _pct(x: float) -> str:
 
 def _status_flags(label: str, row: dict[str, Any], status: pd.Series, errors: pd.Series) -> list[str]:
     flags = []
-    for s, what in (("error", "raised"), ("timeout", "timed out"), ("bad_return", "returned something unusable")):
+    for s, what in (("error", "raised {}"), ("timeout", "timed out ({})"), ("bad_return", "could not be used: {}")):
         frac = row[f"frac_{s}"]
         if frac > 0:
             common = errors[status.loc[errors.index] == s]
-            example = f": {common.value_counts().index[0]}" if len(common) else ""
-            flags.append(f"{label}: {_pct(frac)} of rows {what}{example}")
+            example = common.value_counts().index[0] if len(common) else s
+            flags.append(f"{label}: {_pct(frac)} of rows {what.format(example)}")
     if row["frac_none"] >= 0.1:
         flags.append(f"{label}: returned None for {_pct(row['frac_none'])} of rows (no answer found? those rows "
                      "get NaN, not 0)")

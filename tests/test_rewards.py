@@ -149,7 +149,7 @@ def test_the_summary_flags_errors_constant_rewards_and_truncated_completions_sco
     def rewards_truncation(completion: str, finish_reason: str) -> float:
         return 1.0 if finish_reason == "length" else 0.0
 
-    res = make_rollouts(COMPLETIONS * 2, n=4).add_rewards([raises_on_empty, rewards_truncation], mode="inline")
+    res = make_rollouts(COMPLETIONS * 2, n=4).add_rewards([raises_on_empty, rewards_truncation], mode="thread")
     summary = res.reward_summary()
     text = "\n".join(summary.flags)
     assert "raises_on_empty: 12% of rows raised ValueError: no text" in text
