@@ -168,7 +168,8 @@ def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max
     """
     df = r.df
     shown = df.head(max_rows)
-    extra = r.extra_columns
+    # The chat messages repeat the prompt, and tracebacks are long: both stay in res.df, not here.
+    extra = [c for c in r.extra_columns if c != "prompt_messages" and not c.endswith("_traceback")]
     head = [
         "row", "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "completion_tokens",
         "logprob_mean", *extra,

@@ -30,6 +30,7 @@ Tensor conventions (stated once, here; tests check each of them):
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,10 +46,10 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-    from ._reward_summary import RewardSummary
-    from ._rewards import Mode, RewardFunctions
     from ._group_stats import AdvantageMethod
     from ._reward_styles import Style
+    from ._reward_summary import RewardSummary
+    from ._rewards import Mode, RewardFunctions
 
 __all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 
@@ -547,6 +548,19 @@ class Rollouts:
                                  threshold=threshold, k=ks)
         return pd.Series({f"pass@{v}": float(table[f"pass@{v}"].mean()) for v in ks}, name="pass_at_k")
 
+    def advantages(self, method: AdvantageMethod = "grpo", *, reward: str = "reward", eps: float = 1e-4) -> pd.Series:
+        """Advantages of the `reward` column by another estimator, without scoring again: "grpo",
+        "drgrpo", "rloo" or "batch" (see `add_rewards`). Returns a Series aligned with `df`."""
+        import pandas as pd
+
+        from ._group_stats import advantages
+        from ._rewards import group_keys
+
+        if reward not in self._df.columns:
+            raise ValueError(f"no column {reward!r}; add rewards first: res.add_rewards(...)")
+        values = advantages(self._df[reward].to_numpy(dtype=np.float64), group_keys(self._df), method=method, eps=eps)
+        return pd.Series(values, index=self._df.index, name=f"advantage_{method}")
+
     def reward_summary(self) -> RewardSummary:
         """Per reward function: mean and std, how often it was ok / none / error / timeout /
         bad_return (with the commonest error), its p95 call time, the share of prompt groups with
@@ -565,7 +579,7 @@ class Rollouts:
         ids, off = (self._r_ids, self._r_off) if which == "response" else (self._p_ids, self._p_off)
         flat = ids.tolist()
         bounds = off.tolist()
-        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return [flat[a:b] for a, b in itertools.pairwise(bounds)]
 
     @property
     def n_tokens(self) -> int:

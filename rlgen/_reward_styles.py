@@ -149,8 +149,8 @@ def build_calls(
     calls: list[tuple[list[int], tuple[Any, ...], dict[str, Any]]] = []
     if style == "verl":
         truth = need("ground_truth", fallback=("answer",))
-        kind = source.get("data_source", "data_source")
-        kind = kind if kind in available else ("task" if "task" in available else None)
+        wanted_kind = source.get("data_source", "data_source")
+        kind = wanted_kind if wanted_kind in available else ("task" if "task" in available else None)
         for i in range(n):
             kwargs: dict[str, Any] = {
                 "data_source": rows.value(kind, i) if kind else "rlgen",

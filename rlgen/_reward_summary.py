@@ -44,7 +44,7 @@ def correct_mask(df: pd.DataFrame, correct: str, threshold: float) -> np.ndarray
         raise ValueError(f"no column {correct!r} to judge correctness by{hint} (add rewards first: res.add_rewards(...))")
     values = df[correct]
     if values.dtype == bool:
-        return values.to_numpy(dtype=bool)
+        return np.asarray(values.to_numpy(dtype=bool))
     numbers = values.to_numpy(dtype=np.float64)
     with np.errstate(invalid="ignore"):
         return np.asarray(numbers >= threshold)

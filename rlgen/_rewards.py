@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from . import _group_stats, _reward_exec, _reward_styles
-from ._reward_styles import STYLES, Checked, RowBatch, Style
+from ._reward_styles import STYLES, RowBatch, Style
 
 if TYPE_CHECKING:
     from ._results import Rollouts
 
-__all__ = ["RewardFunctions", "group_keys", "rewards_columns"]
+__all__ = ["GROUP_COLUMNS", "RewardFunctions", "group_keys", "rewards_columns", "warn_notes"]
 
 RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
 Mode = Literal["process", "thread", "inline"]
@@ -132,7 +132,7 @@ def _resolve(funcs: RewardFunctions, *, weights: Mapping[str, float] | Sequence[
         named = list(funcs.items())
     elif callable(funcs):
         named = [(_default_name(funcs), funcs)]
-    elif isinstance(funcs, Sequence) and not isinstance(funcs, (str, bytes)):
+    elif isinstance(funcs, (list, tuple)):
         named = [(_default_name(f), f) for f in funcs]
     else:
         raise TypeError(f"funcs must be a function, a list of functions or a dict name -> function, "

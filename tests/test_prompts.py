@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import pandas as pd
+import pytest
 
 from rlgen._prompts import normalize_prompts, prompt_data
 

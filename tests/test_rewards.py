@@ -168,3 +168,12 @@ def test_reward_columns_survive_selection_concat_and_parquet(tmp_path) -> None:
     back = Rollouts.from_parquet(path)
     pd.testing.assert_series_equal(back.df["reward_exact_status"], res.df["reward_exact_status"],
                                    check_dtype=False)
+
+
+def test_other_advantage_estimators_come_from_the_reward_column_without_scoring_again() -> None:
+    res = make_rollouts().add_rewards(exact, mode="inline")
+    np.testing.assert_allclose(res.advantages("grpo"), res.df["advantage"])
+    np.testing.assert_allclose(res.advantages("drgrpo")[:4], [0.75, -0.25, -0.25, -0.25])
+    np.testing.assert_allclose(res.advantages("rloo")[:4], [1.0, -1 / 3, -1 / 3, -1 / 3])
+    with pytest.raises(ValueError, match="method must be one of"):
+        res.advantages("ppo")  # type: ignore[arg-type]

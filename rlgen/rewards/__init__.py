@@ -15,6 +15,7 @@ Usage::
     task = rewards.tutorial_task()                         # 16 small additions
     res = eng.generate(task.prompts, **task.sampling)      # n=8 samples each
     rewards.extract_answer("so 3 + 4 = 7", "last_number")  # '7'
+    rewards.sanity_check(my_reward, task.data)             # oracle > empty and garbage, deterministic
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._answers import (
 )
 from ._extra import INSTALL_HINT
 from ._math import math_verify_match, math_verify_reward
+from ._sanity import GARBAGE, SanityReport, sanity_check
 from ._shape import soft_overlong_penalty, think_format
 from ._tasks import DEFAULT_INSTRUCTION, PROMPT_STYLES, PromptStyle, Task, reasoning_gym_task, tutorial_task
 
@@ -38,11 +40,13 @@ __all__ = [
     "COMPARE_METHODS",
     "DEFAULT_INSTRUCTION",
     "EXTRACT_METHODS",
+    "GARBAGE",
     "INSTALL_HINT",
     "PROMPT_STYLES",
     "CompareMethod",
     "ExtractMethod",
     "PromptStyle",
+    "SanityReport",
     "Task",
     "answer_match",
     "answers_match",
@@ -51,6 +55,7 @@ __all__ = [
     "math_verify_reward",
     "parse_number",
     "reasoning_gym_task",
+    "sanity_check",
     "soft_overlong_penalty",
     "think_format",
     "tutorial_task",

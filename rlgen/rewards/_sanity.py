@@ -1,0 +1,187 @@
+"""`sanity_check`: does a reward function rank an ideal answer above empty and garbage ones?
+
+Owns: building, from per-case data with a ground truth, the completions whose rewards are known in
+advance (the oracle answer, an empty completion, garbage), scoring them with the user's function
+through `Rollouts.add_rewards` (so it runs exactly as it will on real rollouts: same style
+detection, same worker processes), and the table of checks. Knows nothing about servers or
+models: no generation happens.
+
+The checks, per case:
+- "oracle scores highest": the oracle completion's reward is finite and not below any other.
+- "empty scores lowest", "garbage scores lowest": not above any other and below the oracle, or
+  None (the function cannot judge it: such rows add nothing to the combined reward).
+- "same value when repeated": the oracle, scored `repeats` times, gets one value every time.
+- "no errors": no call raised, timed out or returned something unusable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["GARBAGE", "SanityReport", "sanity_check"]
+
+GARBAGE: tuple[str, ...] = ("I do not know.", "zxqv lorem ipsum 42 banana")
+_CHECKS = ("oracle scores highest", "empty scores lowest", "garbage scores lowest", "same value when repeated",
+           "no errors")
+
+
+@dataclass
+class SanityReport:
+    """The checks (`table`: a row per case and check, with `ok` and what was seen) and `passed`."""
+
+    table: pd.DataFrame
+    scores: pd.DataFrame  # every scored completion: case, kind, completion, reward, status, error
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.table["ok"].all())
+
+    def failures(self) -> pd.DataFrame:
+        return self.table[~self.table["ok"]]
+
+    def __repr__(self) -> str:
+        failed = self.failures()
+        head = f"sanity_check: {'PASSED' if self.passed else 'FAILED'} ({len(self.table) - len(failed)} of " \
+               f"{len(self.table)} checks)"
+        return head if failed.empty else head + "\n" + failed.to_string(index=False)
+
+    def _repr_html_(self) -> str:
+        failed = self.failures()
+        colour = "#2a7" if self.passed else "#c33"
+        head = (f'<div style="font-family:monospace;color:{colour}">sanity_check: '
+                f'{"PASSED" if self.passed else "FAILED"} ({len(self.table) - len(failed)} of {len(self.table)} '
+                "checks)</div>")
+        return f"<div>{head}{'' if self.passed else failed.to_html(index=False)}</div>"
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+
+def sanity_check(
+    fn: Callable[..., Any],
+    data: Any,
+    *,
+    oracle: str | Callable[[Mapping[str, Any]], str] = "answer",
+    garbage: Sequence[str] = GARBAGE,
+    repeats: int = 3,
+    name: str | None = None,
+    style: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    mode: str = "process",
+    timeout: float | None = 10.0,
+) -> SanityReport:
+    """Score known-good and known-bad completions with `fn` and check that it ranks them right.
+
+    Args:
+        fn: a reward function, in any style `Rollouts.add_rewards` takes.
+        data: the cases, with whatever columns `fn` needs (a DataFrame, a list of dicts or a dict of
+            lists; e.g. `task.data` of a reasoning-gym task). A `question` or `prompt` column
+            becomes each case's prompt text.
+        oracle: the column holding the ideal completion (default "answer"), or a function
+            row -> completion (e.g. `lambda row: f"<answer>{row['answer']}</answer>"`).
+        garbage: completions that must score lowest (besides the empty one).
+        repeats: how many times the oracle is scored, to check that `fn` is deterministic.
+        name, style, columns, mode, timeout: as in `Rollouts.add_rewards`.
+
+    Returns: a `SanityReport`; `bool(report)` is `report.passed`.
+    """
+    import pandas as pd
+
+    from .._prompts import prompt_data
+    from .._results import COLUMNS, rollouts_from_responses
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 2:
+        raise ValueError(f"repeats must be an int >= 2 (to compare repeated calls), got {repeats!r}")
+    if isinstance(garbage, str) or not all(isinstance(g, str) for g in garbage):
+        raise TypeError("garbage must be a list of strings")
+    n_cases = _count_rows(data)
+    cols = prompt_data(data, n_cases, reserved=[c for c in COLUMNS if c != "prompt"])
+    prompt_texts = cols.pop("prompt", None) or cols.get("question")
+    rows = [{c: v[i] for c, v in cols.items()} for i in range(n_cases)]
+    if callable(oracle):
+        oracles = [str(oracle(row)) for row in rows]
+    elif oracle in cols:
+        oracles = ["" if v is None else str(v) for v in cols[oracle]]
+    else:
+        raise ValueError(f"no column {oracle!r} for the oracle completion; pass oracle= a column of data "
+                         f"({', '.join(cols) or 'none'}) or a function row -> completion")
+    kinds = ["oracle"] * repeats + ["empty"] + [f"garbage {j + 1}" for j in range(len(garbage))]
+    texts = [[o] * repeats + ["", *garbage] for o in oracles]
+    per_case = len(kinds)
+    entries = [{"text": t, "output_ids": [], "meta_info": {"finish_reason": {"type": "stop"}}}
+               for case in texts for t in case]
+    res = rollouts_from_responses(entries, prompt_ids=[[0]] * n_cases, n=per_case, pad_token_id=0,
+                                  prompt_texts=[None if prompt_texts is None else str(p) for p in prompt_texts]
+                                  if prompt_texts is not None else None, model="sanity_check")
+    res = res.with_columns({c: [v for v in values for _ in range(per_case)] for c, values in cols.items()})
+    label = name or getattr(fn, "__name__", None) or "reward"
+    label = label if label.isidentifier() else "reward"
+    scored = res.add_rewards({label: fn}, style=style, columns=columns, mode=mode,  # type: ignore[arg-type]
+                             timeout=timeout, progress=False)
+    values = scored.df[f"reward_{label}"].to_numpy(dtype=float)
+    status = scored.df[f"reward_{label}_status"].astype(str).tolist()
+    errors = scored.df[f"reward_{label}_error"].tolist()
+    table_rows: list[dict[str, Any]] = []
+    for case in range(n_cases):
+        at = slice(case * per_case, (case + 1) * per_case)
+        v, st, err = values[at], status[at], errors[at]
+        table_rows += _case_checks(case, v, st, err, kinds, repeats)
+    scores = pd.DataFrame({
+        "case": [c for c in range(n_cases) for _ in kinds], "kind": kinds * n_cases,
+        "completion": [t for case in texts for t in case], "reward": values, "status": status, "error": errors,
+    })
+    table = pd.DataFrame(table_rows, columns=["case", "check", "ok", "detail"])
+    return SanityReport(table=table, scores=scores)
+
+
+def _count_rows(data: Any) -> int:
+    if hasattr(data, "columns") and hasattr(data, "__len__"):
+        return len(data)
+    if isinstance(data, Mapping):
+        lengths = {len(v) for v in data.values() if hasattr(v, "__len__")}
+        return lengths.pop() if len(lengths) == 1 else 0
+    if isinstance(data, (list, tuple)):
+        return len(data)
+    raise TypeError(f"data must be a DataFrame, a list of dicts or a dict of lists, got {type(data).__name__}")
+
+
+def _fmt(x: float, status: str = "ok") -> str:
+    if status == "none":
+        return "None"
+    return "NaN" if math.isnan(x) else f"{x:g}"
+
+
+def _case_checks(case: int, v: Any, status: list[str], errors: list[Any], kinds: list[str],
+                 repeats: int) -> list[dict[str, Any]]:
+    """The five checks of one case. An empty or garbage completion passes with a value no higher
+    than any other and below the oracle's, or with None ("cannot judge": it adds nothing to the
+    combined reward, which the detail shows)."""
+    finite = [x for x in v if not math.isnan(x)]
+    low = min(finite) if finite else math.nan
+    top = max(finite) if finite else math.nan
+    oracle = v[0]
+    seen = f"oracle={_fmt(oracle, status[0])}, " + ", ".join(
+        f"{k}={_fmt(x, s)}" for k, x, s in zip(kinds[repeats:], v[repeats:], status[repeats:]))
+
+    def lowest(i: int) -> bool:
+        return status[i] == "none" or (not math.isnan(v[i]) and v[i] <= low and v[i] < oracle)
+
+    out = [{"case": case, "check": _CHECKS[0], "ok": not math.isnan(oracle) and oracle >= top,
+            "detail": seen if not math.isnan(oracle) else f"oracle got no value ({status[0]}: {errors[0]})"},
+           {"case": case, "check": _CHECKS[1], "ok": lowest(repeats), "detail": seen}]
+    bad = [kinds[i] for i in range(repeats + 1, len(kinds)) if not lowest(i)]
+    out.append({"case": case, "check": _CHECKS[2], "ok": not bad,
+                "detail": seen if not bad else f"{', '.join(bad)} not lowest: {seen}"})
+    repeated = v[:repeats]
+    same = all(x == repeated[0] or (math.isnan(x) and math.isnan(repeated[0])) for x in repeated)
+    out.append({"case": case, "check": _CHECKS[3], "ok": same,
+                "detail": ", ".join(_fmt(x, s) for x, s in zip(repeated, status))})
+    failed = [f"{k}: {e}" for k, s, e in zip(kinds, status, errors) if s in ("error", "timeout", "bad_return")]
+    out.append({"case": case, "check": _CHECKS[4], "ok": not failed, "detail": "; ".join(failed)[:200]})
+    return out
