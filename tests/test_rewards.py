@@ -177,3 +177,27 @@ def test_other_advantage_estimators_come_from_the_reward_column_without_scoring_
     np.testing.assert_allclose(res.advantages("rloo")[:4], [1.0, -1 / 3, -1 / 3, -1 / 3])
     with pytest.raises(ValueError, match="method must be one of"):
         res.advantages("ppo")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_scoring_keeps_what_was_scored_and_marks_the_rest_cancelled() -> None:
+    import signal
+    import threading
+
+    def slow(completion: str) -> float:
+        time.sleep(0.5)
+        return 1.0
+
+    res = make_rollouts(COMPLETIONS * 4, n=4)  # 32 rows, 0.5 s each on 2 workers: about 8 s
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(1.5, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="scoring was interrupted"):
+        out = res.add_rewards(slow, mode="process", workers=2, timeout=10)
+    timer.cancel()
+    status = out.df["reward_slow_status"]
+    assert time.monotonic() - started < 5
+    assert 0 < (status == "ok").sum() < 32 and (status == "cancelled").sum() == 32 - (status == "ok").sum()
+    assert out.df.loc[status == "cancelled", "reward_slow"].isna().all()

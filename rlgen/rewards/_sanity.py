@@ -70,6 +70,7 @@ def sanity_check(
     oracle: str | Callable[[Mapping[str, Any]], str] = "answer",
     garbage: Sequence[str] = GARBAGE,
     repeats: int = 3,
+    prompts: Sequence[Any] | None = None,
     name: str | None = None,
     style: str | None = None,
     columns: Mapping[str, str] | None = None,
@@ -87,6 +88,9 @@ def sanity_check(
             row -> completion (e.g. `lambda row: f"<answer>{row['answer']}</answer>"`).
         garbage: completions that must score lowest (besides the empty one).
         repeats: how many times the oracle is scored, to check that `fn` is deterministic.
+        prompts: each case's chat (e.g. `task.prompts`), for functions that expect chat data: TRL
+            batch functions then get `prompts` as messages and `completions` as
+            `[{"role": "assistant", "content": ...}]`, as on chat rollouts.
         name, style, columns, mode, timeout: as in `Rollouts.add_rewards`.
 
     Returns: a `SanityReport`; `bool(report)` is `report.passed`.
@@ -119,7 +123,12 @@ def sanity_check(
     res = rollouts_from_responses(entries, prompt_ids=[[0]] * n_cases, n=per_case, pad_token_id=0,
                                   prompt_texts=[None if prompt_texts is None else str(p) for p in prompt_texts]
                                   if prompt_texts is not None else None, model="sanity_check")
-    res = res.with_columns({c: [v for v in values for _ in range(per_case)] for c, values in cols.items()})
+    extra = {c: [v for v in values for _ in range(per_case)] for c, values in cols.items()}
+    if prompts is not None:
+        if isinstance(prompts, str) or len(prompts) != n_cases:
+            raise ValueError(f"give one prompt (chat) per case: {n_cases} cases")
+        extra["prompt_messages"] = [list(p) for p in prompts for _ in range(per_case)]
+    res = res.with_columns(extra)
     label = name or getattr(fn, "__name__", None) or "reward"
     label = label if label.isidentifier() else "reward"
     scored = res.add_rewards({label: fn}, style=style, columns=columns, mode=mode,  # type: ignore[arg-type]

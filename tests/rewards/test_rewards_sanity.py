@@ -60,3 +60,11 @@ def test_a_crashing_reward_is_reported_in_the_pool_not_raised() -> None:
 def test_an_oracle_column_that_is_not_there_is_refused() -> None:
     with pytest.raises(ValueError, match="no column 'solution'"):
         sanity_check(answer_match(), DATA, oracle="solution")
+
+
+def test_a_trl_function_for_chat_data_gets_chat_completions_when_given_the_chats() -> None:
+    def trl_correct(prompts, completions, answer, **kwargs):
+        return [float(c[0]["content"] == a) for c, a in zip(completions, answer)]
+
+    chats = [[{"role": "user", "content": q}] for q in DATA["question"]]
+    assert sanity_check(trl_correct, DATA, prompts=chats, mode="thread").passed
