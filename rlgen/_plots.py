@@ -10,7 +10,9 @@ matplotlib is imported only when a plot is drawn. Figures are made with `matplot
 never through pyplot: nothing is registered with pyplot, so no figure stays open, a notebook shows
 each plot once (the returned Figure or Axes renders itself as PNG; assign it to draw more on it and
 end the cell with `ax.figure`), and `fig.savefig(...)` works without a display. With `ax=`, a plot
-draws into your own axes (e.g. from `plt.subplots`) and displays however your figure does.
+draws into your own axes (e.g. from `plt.subplots`) and displays however your figure does; its
+legend stays outside the axes when the figure has room for it (one axes, or `layout="constrained"`)
+and goes inside, where it covers least, otherwise.
 
 Colours: finish reasons stop / length / abort / error are blue / orange / brown / red in every
 plot (others grey, olive, cyan, pink); purple marks zero-variance prompt groups (every sample
@@ -105,21 +107,23 @@ class RolloutPlots:
                 edges = _edges(values[ok], "auto" if isinstance(bins, str) and bins == "auto" else bins)
                 _stacked_hist(panel, edges, groups, order, colors)
             else:
-                panel.text(0.5, 0.5, "no scored rows", ha="center", va="center", transform=panel.transAxes,
-                           color="0.4")
+                _nothing_scored(panel)
             name = "reward (combined)" if column == "reward" else column[len("reward_"):]
             panel.set_title(f"{name}\n{_scored_note(df, column)}", fontsize="medium")
             panel.set_xlabel(f"{column} value")
             panel.set_ylabel("rows")
-        if by is not None:
+        if by is not None and any(df[c].notna().any() for c in columns):
             scored = np.zeros(len(df), dtype=bool)
             for column in columns:
                 scored |= np.isfinite(df[column].to_numpy(dtype=np.float64))
-            handles = _category_handles([c for c in order if (scored & (labels == c)).any()], colors, labels)
+            scored_labels = labels.copy()
+            scored_labels[~scored] = None
+            handles = _category_handles([c for c in order if (scored_labels == c).any()], colors, scored_labels)
             if ax is None:
-                fig.legend(handles=handles, title=by, loc="outside right upper", fontsize="small")
+                fig.legend(handles=handles, title=by, loc="outside right upper", fontsize="small", title_fontsize="small",
+                           frameon=False)
             else:
-                _outside_legend(axes[-1], handles=handles, title=by)
+                _legend(axes[-1], handles=handles, title=by)
         if ax is None and len(columns) > 1:
             fig.suptitle("reward values by function", fontsize="large")
         return fig
@@ -163,7 +167,9 @@ class RolloutPlots:
         out.set_xlabel("completion tokens")
         out.set_ylabel(f"{reward} (jittered)" if uniq is not None else reward)
         if ok.any():
-            _outside_legend(out, title="finish_reason", markerscale=1.5)
+            _legend(out, title="finish_reason", markerscale=1.5)
+        else:
+            _nothing_scored(out)
         return out
 
     # -- 3. prompt groups --------------------------------------------------------------------------
@@ -245,7 +251,10 @@ class RolloutPlots:
         note = _scored_note(df, reward) + (f"; {unscored} groups with none scored" if unscored else "")
         out.set_title(f"{reward} by prompt group: {int(zero.sum())} of {n_groups} groups have zero variance\n{note}",
                       fontsize="medium")
-        _outside_legend(out, markerscale=1.5)
+        if ok.any():
+            _legend(out, markerscale=1.5)
+        else:
+            _nothing_scored(out)
         return out
 
     # -- 4. advantages -----------------------------------------------------------------------------
@@ -276,9 +285,14 @@ class RolloutPlots:
         groups = [adv[ok & ~zero_group & (labels == c)] for c in order] + [adv[zero_group]]
         names = [*order, "zero-variance groups"]
         palette = {**colors, "zero-variance groups": ZERO_STD_COLOR}
-        if ok.any():
-            edges = _edges(adv[ok], bins, centre_zero=True)
-            _stacked_hist(out, edges, groups, names, palette)
+        out.set_xlabel("advantage")
+        out.set_ylabel("rows")
+        if not ok.any():
+            _nothing_scored(out)
+            out.set_title(f"advantage\n{_scored_note(df, 'advantage')}", fontsize="medium")
+            return out
+        edges = _edges(adv[ok], bins, centre_zero=True)
+        _stacked_hist(out, edges, groups, names, palette)
         out.axvline(0.0, color="0.3", linewidth=0.8, linestyle="--", zorder=0)
         n_zero, n_groups = int(zero_group.sum()), _count_zero_groups(df, zero_group)
         other_zero = int((adv[ok & ~zero_group] == 0).sum())
@@ -291,15 +305,13 @@ class RolloutPlots:
         if missing:
             note += f", {missing} not scored (NaN)"
         out.set_title(f"{head}\n{note}", fontsize="medium")
-        out.set_xlabel("advantage")
-        out.set_ylabel("rows")
         from matplotlib.patches import Patch
 
         drawn = ok & ~zero_group
         handles = [Patch(color=colors[c], label=f"{c} ({int((drawn & (labels == c)).sum())})") for c in order
                    if by is not None and (drawn & (labels == c)).any()]
         handles.append(Patch(color=ZERO_STD_COLOR, label=f"zero-variance group ({n_zero})"))
-        _outside_legend(out, handles=handles, title=by)
+        _legend(out, handles=handles, title=by)
         return out
 
     # -- 5. pass@k ---------------------------------------------------------------------------------
@@ -444,12 +456,24 @@ def _root_figure(ax: Axes) -> Figure:
     return fig
 
 
-def _outside_legend(ax: Axes, *, handles: list[Any] | None = None, title: str | None = None,
-                    markerscale: float = 1.0) -> None:
-    """A legend right of the axes, where it covers no data."""
-    kwargs: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0,
-                              "fontsize": "small", "title": title, "title_fontsize": "small", "frameon": False,
+def _nothing_scored(ax: Axes) -> None:
+    ax.text(0.5, 0.5, "no scored rows", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def _legend(ax: Axes, *, handles: list[Any] | None = None, title: str | None = None,
+            markerscale: float = 1.0) -> None:
+    """A legend right of the axes, where it covers no data; inside them ("best" place) when other
+    axes share a figure without constrained layout, where it would cover its neighbour."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    fig = _root_figure(ax)
+    room = len(fig.axes) == 1 or isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    kwargs: dict[str, Any] = {"fontsize": "small", "title": title, "title_fontsize": "small",
                               "markerscale": markerscale}
+    if room:
+        kwargs.update(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+    else:
+        kwargs.update(loc="best", framealpha=0.8)
     if handles is not None:
         kwargs["handles"] = handles
     ax.legend(**kwargs)
@@ -523,7 +547,7 @@ def _split(df: pd.DataFrame, by: str | None) -> tuple[np.ndarray, list[str], dic
 
 
 def _category_handles(order: list[str], colors: dict[str, str], labels: np.ndarray) -> list[Any]:
-    """Legend entries for the categories, each with its number of rows."""
+    """Legend entries for the categories, each with its number of rows in `labels`."""
     from matplotlib.patches import Patch
 
     return [Patch(color=colors[c], label=f"{c} ({int((labels == c).sum())})") for c in order]

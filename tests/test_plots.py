@@ -292,6 +292,15 @@ def test_ax_draws_into_the_given_axes(res: Rollouts) -> None:
         res.plot.groups(ax=fig)
 
 
+def test_the_legend_stays_outside_the_axes_only_where_the_figure_has_room_for_it(res: Rollouts) -> None:
+    crowded = Figure().subplots(1, 2)[0]
+    roomy = Figure(layout="constrained").subplots(1, 2)[0]
+    for ax, outside in ((crowded, False), (roomy, True), (res.plot.groups(), True)):
+        if not ax.get_legend():
+            res.plot.groups(ax=ax)
+        assert (ax.get_legend().get_bbox_to_anchor().x0 > ax.bbox.x1) is outside
+
+
 JUPYTER_CELLS = {
     "axes": "res.plot.groups()",
     "figure": "res.plot.rewards()",
