@@ -298,7 +298,7 @@ def test_the_legend_stays_outside_the_axes_only_where_the_figure_has_room_for_it
     for ax, outside in ((crowded, False), (roomy, True), (res.plot.groups(), True)):
         if not ax.get_legend():
             res.plot.groups(ax=ax)
-        assert (ax.get_legend().get_bbox_to_anchor().x0 > ax.bbox.x1) is outside
+        assert bool(ax.get_legend().get_bbox_to_anchor().x0 > ax.bbox.x1) is outside
 
 
 JUPYTER_CELLS = {
