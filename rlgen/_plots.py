@@ -162,7 +162,7 @@ class RolloutPlots:
         from ._reward_summary import _corr
 
         r = _corr(y, x)
-        corr = f"Pearson r = {r:.2f}" if math.isfinite(r) else "r undefined (a constant)"
+        corr = f"Pearson r = {r:.2f}" if math.isfinite(r) else "r undefined (constant, or under 3 rows)"
         out.set_title(f"{reward} vs completion length: {corr}\n{_scored_note(df, reward)}", fontsize="medium")
         out.set_xlabel("completion tokens")
         out.set_ylabel(f"{reward} (jittered)" if uniq is not None else reward)
