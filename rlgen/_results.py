@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import torch
 
     from ._group_stats import AdvantageMethod
+    from ._plots import RolloutPlots
     from ._reward_styles import Style
     from ._reward_summary import RewardSummary
     from ._rewards import Mode, RewardFunctions
@@ -570,6 +571,14 @@ class Rollouts:
         from ._rewards import group_keys
 
         return summarize(self._df, group_keys(self._df))
+
+    @property
+    def plot(self) -> RolloutPlots:
+        """Plots of the rewards, drawn with matplotlib (imported only then; `pip install 'rlgen[plots]'`):
+        `res.plot.rewards()`, `.reward_vs_length()`, `.groups()`, `.advantages()`, `.pass_at_k()`."""
+        from ._plots import RolloutPlots
+
+        return RolloutPlots(self)
 
     # -- summaries and per-row token access (for display and debugging) --------------------------
     def id_lists(self, which: str = "response") -> list[list[int]]:
