@@ -82,14 +82,37 @@ class RewardSummary:
     flags: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        lines = [self.table.to_string()]
+        lines = [self._display_table().to_string()]
         lines += [f"! {flag}" for flag in self.flags] or ["no flags: nothing looks wrong"]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        items = "".join(f"<li>{html.escape(f)}</li>" for f in self.flags) or "<li>nothing looks wrong</li>"
-        return (f'<div class="rlgen-reward-summary">{self.table.to_html(float_format=lambda x: f"{x:.3g}")}'
+        items = "".join(f"<li>{html.escape(f)}</li>" for f in self.flags) or "<li>no flags: nothing looks wrong</li>"
+        return (f'<div class="rlgen-reward-summary">{self._display_table().to_html(escape=True)}'
                 f'<ul style="margin-top:6px">{items}</ul></div>')
+
+    def _display_table(self) -> pd.DataFrame:
+        """The table turned on its side (a column per function, so it fits a notebook's width),
+        rounded, with fractions as percentages and status rows that are 0 everywhere left out."""
+        table = self.table
+        keep = [c for c in table.columns
+                if not (c.startswith("frac_") and c != "frac_zero_std_groups" and not table[c].fillna(0).any())]
+        shown = table[keep].T.astype(object)
+        for name in shown.index:
+            percent = str(name).startswith("frac_")
+            shown.loc[name] = [_cell(v, percent=percent) for v in shown.loc[name]]
+        shown = shown[(shown != "").any(axis=1)]
+        shown.index = [str(i).replace("frac_", "% ").replace("_", " ") for i in shown.index]
+        return shown
+
+
+def _cell(value: Any, *, percent: bool) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (int, float, np.floating)):
+        return f"{100 * value:.0f}%" if percent else f"{value:.3g}"
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def summarize(df: pd.DataFrame, groups: np.ndarray) -> RewardSummary:

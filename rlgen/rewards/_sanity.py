@@ -7,7 +7,8 @@ detection, same worker processes), and the table of checks. Knows nothing about 
 models: no generation happens.
 
 The checks, per case:
-- "oracle scores highest": the oracle completion's reward is finite and not below any other.
+- "oracle scores highest": the oracle completion's reward is finite, not below any other, and
+  above every empty or garbage completion's value.
 - "empty scores lowest", "garbage scores lowest": not above any other and below the oracle, or
   None (the function cannot judge it: such rows add nothing to the combined reward).
 - "same value when repeated": the oracle, scored `repeats` times, gets one value every time.
@@ -45,19 +46,30 @@ class SanityReport:
     def failures(self) -> pd.DataFrame:
         return self.table[~self.table["ok"]]
 
+    def by_check(self) -> pd.DataFrame:
+        """One row per check: cases passed, cases failed, and the first failure's detail."""
+        import pandas as pd
+
+        rows = []
+        for check, group in self.table.groupby("check", sort=False):
+            failed = group[~group["ok"]]
+            first = "" if failed.empty else f"case {failed['case'].iloc[0]}: {failed['detail'].iloc[0]}"
+            rows.append({"check": check, "passed": len(group) - len(failed), "failed": len(failed),
+                         "first failure": first})
+        return pd.DataFrame(rows).set_index("check")
+
+    def _headline(self) -> str:
+        n_failed = int((~self.table["ok"]).sum())
+        return (f"sanity_check: {'PASSED' if self.passed else 'FAILED'} "
+                f"({len(self.table) - n_failed} of {len(self.table)} checks over {self.table['case'].nunique()} cases)")
+
     def __repr__(self) -> str:
-        failed = self.failures()
-        head = f"sanity_check: {'PASSED' if self.passed else 'FAILED'} ({len(self.table) - len(failed)} of " \
-               f"{len(self.table)} checks)"
-        return head if failed.empty else head + "\n" + failed.to_string(index=False)
+        return self._headline() if self.passed else self._headline() + "\n" + self.by_check().to_string()
 
     def _repr_html_(self) -> str:
-        failed = self.failures()
         colour = "#2a7" if self.passed else "#c33"
-        head = (f'<div style="font-family:monospace;color:{colour}">sanity_check: '
-                f'{"PASSED" if self.passed else "FAILED"} ({len(self.table) - len(failed)} of {len(self.table)} '
-                "checks)</div>")
-        return f"<div>{head}{'' if self.passed else failed.to_html(index=False)}</div>"
+        head = f'<div style="font-family:monospace;color:{colour}">{self._headline()}</div>'
+        return f"<div>{head}{'' if self.passed else self.by_check().to_html()}</div>"
 
     def __bool__(self) -> bool:
         return self.passed
@@ -181,7 +193,9 @@ def _case_checks(case: int, v: Any, status: list[str], errors: list[Any], kinds:
     def lowest(i: int) -> bool:
         return status[i] == "none" or (not math.isnan(v[i]) and v[i] <= low and v[i] < oracle)
 
-    out = [{"case": case, "check": _CHECKS[0], "ok": not math.isnan(oracle) and oracle >= top,
+    bad_values = [x for x in v[repeats:] if not math.isnan(x)]
+    beats_bad = all(oracle > x for x in bad_values)
+    out = [{"case": case, "check": _CHECKS[0], "ok": not math.isnan(oracle) and oracle >= top and beats_bad,
             "detail": seen if not math.isnan(oracle) else f"oracle got no value ({status[0]}: {errors[0]})"},
            {"case": case, "check": _CHECKS[1], "ok": lowest(repeats), "detail": seen}]
     bad = [kinds[i] for i in range(repeats + 1, len(kinds)) if not lowest(i)]

@@ -3,11 +3,12 @@
 #   1. the protocol conformance suite against a real SGLang server
 #   2. the Engine lifecycle tests on SGLang (tests/test_gpu.py)
 #   3. the generate/result tests on SGLang (tests/test_engine.py with RLGEN_TEST_BACKEND=sglang)
-#   4. the quickstart notebook on SGLang (nbmake)
+#   4. the notebooks on SGLang (nbmake): quickstart, reward debugging, group advantages
+#   5. the reward tests (no server; they run on the GPU machine's Python and packages)
 # Results land in $OUT (summaries are committed under docs/gpu/).
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
-STEPS="${1:-conformance,lifecycle,generate,notebook}"  # or a subset, e.g. "generate,notebook"
+STEPS="${1:-conformance,lifecycle,generate,notebook,rewards}"  # or a subset, e.g. "generate,notebook"
 FINAL_OUT="$OUT"; OUT="$(mktemp -d)"  # a call returns at most 8 files: everything is packed at the end
 # rlgen commit (and dirty or not), versions, Python, GPU and this command, as every bench/ JSON has them
 python3 bench/_common.py --for "bash scripts/gpu/check.sh $STEPS" | tee "$OUT/environment.json"
@@ -30,13 +31,17 @@ generate() {
 notebook() {
   "${PYTEST[@]}" --nbmake --nbmake-timeout=600 notebooks --junitxml="$OUT/notebook.xml" > "$OUT/notebook.txt" 2>&1
 }
+rewards() {
+  "${PYTEST[@]}" tests/test_rewards.py tests/rewards tests/test_reward_exec.py tests/test_reward_styles.py \
+    tests/test_group_stats.py tests/test_plots.py --junitxml="$OUT/rewards.xml" > "$OUT/rewards.txt" 2>&1
+}
 lifecycle() {
   "${PYTEST[@]}" -s tests/test_gpu.py --junitxml="$OUT/lifecycle.xml" > "$OUT/lifecycle.txt" 2>&1
 }
-for step in conformance generate notebook lifecycle; do
+for step in conformance generate notebook lifecycle rewards; do
   if [[ $STEPS == *$step* ]]; then $step; fi
 done
-for step in conformance generate notebook lifecycle; do
+for step in conformance generate notebook lifecycle rewards; do
   [ -f "$OUT/$step.txt" ] && { echo "== $step"; tail -2 "$OUT/$step.txt"; }
 done
 ps aux | grep -E "[s]glang|[c]pu_server" | head -5 > "$OUT/leftover-processes.txt"; echo "leftover server processes: $(wc -l < "$OUT/leftover-processes.txt")"

@@ -2,11 +2,9 @@
 # Needs: source /tmp/rlgen-env.sh (PYTHONPATH with SGLang, RLGEN_TEST_MODEL), $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-# Extra wheels (pytest-timeout, py-spy) travel in .whl with the call that assembles the bundle;
-# later calls on the same machine find them installed. .whl is not committed; fetch it with
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl py-spy pytest-timeout
+# Extra wheels the image lacks (pytest-timeout; cloudpickle, math-verify and reasoning-gym with
+# their dependencies, for the reward notebooks and tests) travel in .whl, fetched here by
+# scripts/gpu/wheels.sh; later calls on the same machine find them installed.
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rlgen-extra .whl/*.whl
 fi

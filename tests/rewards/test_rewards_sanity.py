@@ -25,7 +25,7 @@ def test_a_reward_that_likes_any_text_fails_the_garbage_check() -> None:
 
     report = sanity_check(nonempty, DATA, mode="thread")
     assert not report.passed
-    assert set(report.failures()["check"]) == {"garbage scores lowest"}
+    assert set(report.failures()["check"]) == {"oracle scores highest", "garbage scores lowest"}
 
 
 def test_a_reward_that_cannot_judge_the_oracle_fails_and_says_why() -> None:
@@ -68,3 +68,11 @@ def test_a_trl_function_for_chat_data_gets_chat_completions_when_given_the_chats
 
     chats = [[{"role": "user", "content": q}] for q in DATA["question"]]
     assert sanity_check(trl_correct, DATA, prompts=chats, mode="thread").passed
+
+
+def test_an_oracle_that_scores_no_better_than_garbage_does_not_score_highest() -> None:
+    def always_zero(completion: str) -> float:
+        return 0.0
+
+    report = sanity_check(always_zero, DATA, mode="thread")
+    assert "oracle scores highest" in set(report.failures()["check"])
