@@ -25,7 +25,7 @@ from ._errors import (
     ServerStartupTimeout,
 )
 from ._models import DEFAULT_MODEL, resolve_model
-from ._options import GenerateOptions, SamplingOptions, StreamOptions
+from ._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
 from ._registry import list_servers
 from ._results import Rollouts
 from ._server import reap
@@ -46,6 +46,7 @@ __all__ = [
     "Prompts",
     "RequestError",
     "RequestTimeout",
+    "RewardOptions",
     "RlgenError",
     "Rollouts",
     "SamplingOptions",

@@ -1,11 +1,12 @@
-"""generate()'s options: the one schema, declared once and shared by every entry point.
+"""The options of rlgen's entry points: one schema each, declared once and shared by every method.
 
 Owns: the name, type, default, one-line doc and check of every option that `Engine.generate`,
 `Engine.agenerate` and `Engine.stream` take (SGLang's sampling parameters plus rlgen's own, such
-as `n` and `chunk_size`); checking a call's options before anything is sent (TypeError /
-ValueError that say what to change, "did you mean" for a misspelt name); the `sampling_params`
-dict SGLang's `/generate` takes; and the signatures and docs that `help()`, Jupyter and IDEs show.
-Knows nothing about prompts, HTTP or results.
+as `n` and `chunk_size`), and of `Rollouts.add_rewards`' options; checking a call's options
+before anything runs (TypeError / ValueError that say what to change, "did you mean" for a
+misspelt name); the `sampling_params` dict SGLang's `/generate` takes; and the signatures and docs
+that `help()`, Jupyter and IDEs show. Knows nothing about prompts, HTTP, results or rewards: only
+values.
 
 Each option is one line of a TypedDict below: `name: Annotated[type, Option(default, doc, ...)]`.
 Type checkers read the TypedDicts through `**options: Unpack[...]` (keyword completion and
@@ -25,6 +26,7 @@ from typing import Annotated, Any, TypedDict, TypeVar, get_type_hints
 __all__ = [
     "GenerateOptions",
     "Option",
+    "RewardOptions",
     "SamplingOptions",
     "StreamOptions",
     "defaults",
@@ -139,7 +141,7 @@ def _mapping(name: str, value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a dict of SGLang sampling parameters, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
     return dict(value)
 
 
@@ -201,6 +203,56 @@ class GenerateOptions(StreamOptions, total=False):
         "join every sample of that prompt in res.df (e.g. the answer, the task name)", _table)]
 
 
+def _choice(*allowed: str) -> Check:
+    def check(name: str, value: Any) -> str:
+        if value not in allowed:
+            guess = difflib.get_close_matches(str(value), allowed, n=1)
+            hint = f"; did you mean {guess[0]!r}?" if guess else ""
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}{hint}")
+        return str(value)
+
+    return check
+
+
+def _seconds(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
+    return float(value)
+
+
+def _any(name: str, value: Any) -> Any:
+    return value  # checked against the reward functions it names (`_rewards`)
+
+
+class RewardOptions(TypedDict, total=False):
+    """`Rollouts.add_rewards()`' options."""
+
+    weights: Annotated[Mapping[str, float] | Sequence[float] | None, Option(
+        None, "per function (a dict by name, or a list in order) for the combined `reward`; default 1 each", _any)]
+    style: Annotated[str | Mapping[str, str] | None, Option(
+        None, "force a call style ('trl', 'verl', 'areal', 'row', 'columns'), for all or by name; default: read "
+        "from each function's signature", _any)]
+    columns: Annotated[Mapping[str, str] | None, Option(
+        None, "where a parameter's values come from, e.g. {'ground_truth': 'answer'}", _mapping)]
+    mode: Annotated[str, Option(
+        "process", "'process' (worker processes: a timeout kills the call, a crash marks its rows), 'thread' "
+        "(cheap functions; a timeout stops waiting only) or 'inline' (here; exceptions raise, for %debug)",
+        _choice("process", "thread", "inline"))]
+    timeout: Annotated[float | None, Option(30.0, "seconds one call may take (process, thread); None: no limit",
+                                            _seconds)]
+    workers: Annotated[int | None, Option(None, "processes or threads; default: the CPUs this process may use",
+                                          _optional_count(1, "the CPU count"))]
+    batch_size: Annotated[int, Option(64, "rows per call for batch (TRL-style) functions", _count(1))]
+    advantage: Annotated[str, Option(
+        "grpo", "'grpo' ((r - mean) / (std + eps), std with ddof=1, as TRL), 'drgrpo' (r - mean), 'rloo' "
+        "(leave-one-out) or 'batch' (divided by the batch's std)", _choice("grpo", "drgrpo", "rloo", "batch"))]
+    eps: Annotated[float, Option(1e-4, "added to the std before dividing", _number(0))]
+    progress: Annotated[bool | None, Option(None, "a progress bar over rows: True, False, None = when there are many",
+                                            _optional_flag)]
+
+
 # SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates
 # them). Listed so that a misspelt one still gets a "did you mean".
 _SGLANG_EXTRA = (
@@ -242,7 +294,7 @@ def resolve(schema: Schema, options: Mapping[str, Any]) -> dict[str, Any]:
     for name, (_, option) in fields.items():
         value = options.get(name, option.default)
         out[name] = option.check(name, value) if option.check is not None else value
-    if out["min_new_tokens"] > out["max_new_tokens"]:
+    if "min_new_tokens" in out and out["min_new_tokens"] > out["max_new_tokens"]:
         raise ValueError(f"min_new_tokens ({out['min_new_tokens']}) must not exceed max_new_tokens ({out['max_new_tokens']})")
     extra = out.get("sampling_params")
     if extra:

@@ -37,7 +37,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from typing_extensions import Unpack
 
+from ._options import RewardOptions, takes_options
 from ._parquet import read_parquet, write_parquet
 from ._ragged import gather_rows, pad_rows, row_offsets
 from ._response_arrays import gc_paused, parse_responses
@@ -48,9 +50,8 @@ if TYPE_CHECKING:
 
     from ._group_stats import AdvantageMethod
     from ._plots import RolloutPlots
-    from ._reward_styles import Style
     from ._reward_summary import RewardSummary
-    from ._rewards import Mode, RewardFunctions
+    from ._rewards import RewardFunctions
 
 __all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 
@@ -463,43 +464,16 @@ class Rollouts:
         out._df = self._df.assign(**{name: list(v) if not hasattr(v, "dtype") else v for name, v in columns.items()})
         return out
 
-    def add_rewards(
-        self,
-        funcs: RewardFunctions,
-        *,
-        weights: Mapping[str, float] | Sequence[float] | None = None,
-        style: Style | Mapping[str, Style] | None = None,
-        columns: Mapping[str, str] | None = None,
-        mode: Mode = "process",
-        timeout: float | None = 30.0,
-        workers: int | None = None,
-        batch_size: int = 64,
-        advantage: AdvantageMethod = "grpo",
-        eps: float = 1e-4,
-        progress: bool | None = None,
-    ) -> Rollouts:
+    @takes_options(RewardOptions)
+    def add_rewards(self, funcs: RewardFunctions, /, **options: Unpack[RewardOptions]) -> Rollouts:
         """Score every row with your reward functions; returns a new Rollouts with reward columns.
 
-        Args:
-            funcs: a function, a list of them, or a dict name -> function. Each is called in its
-                own style, detected from its signature (see `style`): TRL batch functions
-                `f(prompts, completions, completion_ids, **columns)`, verl's
-                `compute_score(data_source, solution_str, ground_truth, extra_info)`, AReaL's
-                per-sample `f(prompt, completions, prompt_ids, completion_ids, **data)`,
-                `f(row)`, or `f(completion, answer, ...)` with parameters named after columns.
-            weights: per function (dict or list) for the combined `reward`; default 1 each.
-            style: force a style ("trl", "verl", "areal", "row", "columns"), for all or per name.
-            columns: where a parameter's values come from, e.g. {"ground_truth": "answer"}.
-            mode: "process" (default: a pool whose timeout really stops a hung call; a crash
-                marks its rows and the pool recovers), "thread" (cheap functions), or "inline"
-                (the debugging mode: runs here, and exceptions raise where %debug can see them).
-            timeout: seconds one call may take (process and thread modes); None: no limit.
-            workers: processes or threads (default: the CPU count).
-            batch_size: rows per call for batch (TRL) functions.
-            advantage: "grpo" ((r - mean) / (std + eps), std with ddof=1, TRL's default),
-                "drgrpo" (r - mean), "rloo" (leave-one-out) or "batch" (divide by the batch std).
-            eps: added to the std.
-            progress: a progress bar over rows (None: when there are many).
+        `funcs`: a function, a list of them, or a dict name -> function. Each is called in its own
+        style, read from its signature (or forced with `style=`): TRL batch functions
+        `f(prompts, completions, completion_ids, **columns)`, verl's
+        `compute_score(data_source, solution_str, ground_truth, extra_info)`, AReaL's per-sample
+        `f(prompt, completions, prompt_ids, completion_ids, **data)`, `f(row)`, or
+        `f(completion, answer, ...)` with parameters named after columns; `async def` too.
 
         Columns added, per function `<name>`: `reward_<name>` (NaN unless ok),
         `reward_<name>_status` (ok / none / error / timeout / bad_return / cancelled),
@@ -507,17 +481,17 @@ class Rollouts:
         `reward_<name>_seconds`; then `reward` (weighted sum, NaN when every function gave NaN),
         `group_mean`, `group_std`, `group_zero_std` and `advantage` per prompt group. Ctrl-C stops
         scoring and keeps what was scored (the rest is marked "cancelled", with a warning).
+        Everything is checked before any function runs.
         """
         from ._display import progress_bar
-        from ._rewards import rewards_columns, warn_notes
+        from ._options import resolve
+        from ._rewards import count_functions, rewards_columns, warn_notes
 
-        show = progress if progress is not None else (None if len(self) > 256 else False)
-        bar = progress_bar(total=len(self) * (len(funcs) if isinstance(funcs, (list, tuple, dict)) else 1),
-                           progress=show, desc="rewards", unit="row")
+        opts = resolve(RewardOptions, options)
+        show = opts["progress"] if opts["progress"] is not None else (None if len(self) > 256 else False)
+        bar = progress_bar(total=len(self) * count_functions(funcs), progress=show, desc="rewards", unit="row")
         try:
-            cols, notes = rewards_columns(self, funcs, weights=weights, style=style, columns=columns, mode=mode,
-                                          timeout=timeout, workers=workers, batch_size=batch_size,
-                                          advantage=advantage, eps=eps, on_progress=bar.update)
+            cols, notes = rewards_columns(self, funcs, opts, on_progress=bar.update)
         finally:
             bar.close()
         warn_notes(notes)

@@ -37,10 +37,10 @@ from ._reward_styles import STYLES, RowBatch, Style
 if TYPE_CHECKING:
     from ._results import Rollouts
 
-__all__ = ["GROUP_COLUMNS", "RewardFunctions", "group_keys", "rewards_columns", "warn_notes"]
+__all__ = ["GROUP_COLUMNS", "RewardFunctions", "count_functions", "group_keys", "rewards_columns", "warn_notes"]
 
 RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
-Mode = Literal["process", "thread", "inline"]
+Mode = Literal["process", "thread", "inline"]  # checked by _options.RewardOptions
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns rlgen writes for each prompt group; a second add_rewards call replaces them.
 GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
@@ -56,31 +56,16 @@ class _Function:
     weight: float
 
 
-def rewards_columns(
-    res: Rollouts,
-    funcs: RewardFunctions,
-    *,
-    weights: Mapping[str, float] | Sequence[float] | None = None,
-    style: Style | Mapping[str, Style] | None = None,
-    columns: Mapping[str, str] | None = None,
-    mode: Mode = "process",
-    timeout: float | None = 30.0,
-    workers: int | None = None,
-    batch_size: int = 64,
-    advantage: _group_stats.AdvantageMethod = "grpo",
-    eps: float = _group_stats.DEFAULT_EPS,
-    on_progress: Callable[[int], None] | None = None,
-) -> tuple[dict[str, Any], list[str]]:
-    """The columns `res.add_rewards(...)` adds, and warnings to show (see the module docstring)."""
+def rewards_columns(res: Rollouts, funcs: RewardFunctions, options: Mapping[str, Any], *,
+                    on_progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The columns `res.add_rewards(funcs, **options)` adds, and warnings to show (see the module
+    docstring). `options`: add_rewards' options, resolved (`_options.RewardOptions`)."""
+    weights, style, columns = options["weights"], options["style"], options["columns"]
+    mode, timeout, workers = options["mode"], options["timeout"], options["workers"]
+    batch_size, advantage, eps = options["batch_size"], options["advantage"], options["eps"]
     functions = _resolve(funcs, weights=weights, style=style)
-    if columns is not None and (not isinstance(columns, Mapping)
-                                or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items())):
+    if columns is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):
         raise TypeError("columns must map a function's parameter name to a column name, e.g. {'ground_truth': 'answer'}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if advantage not in _group_stats.ADVANTAGE_METHODS:
-        raise ValueError(f"advantage must be one of {', '.join(map(repr, _group_stats.ADVANTAGE_METHODS))}, "
-                         f"got {advantage!r}")
     df = res.df
     taken = [f"reward_{f.name}" for f in functions if f"reward_{f.name}" in df.columns]
     if taken:
@@ -117,6 +102,11 @@ def rewards_columns(
     if replaced:
         notes.append(f"replaced {replaced}: 'reward' sums this call's functions only")
     return out, notes
+
+
+def count_functions(funcs: RewardFunctions) -> int:
+    """How many reward functions `funcs` names (1 for a single function)."""
+    return len(funcs) if isinstance(funcs, (list, tuple, Mapping)) else 1
 
 
 def group_keys(df: Any) -> np.ndarray:

@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import rlgen
-from rlgen._options import GenerateOptions, SamplingOptions, StreamOptions, defaults, resolve, to_sglang
+from rlgen._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions, defaults, resolve, to_sglang
 
 
 def test_defaults_map_to_sglang_names_with_an_explicit_temperature() -> None:
@@ -73,6 +73,7 @@ def test_stream_does_not_take_the_batch_options_of_generate() -> None:
 
 
 @pytest.mark.parametrize("method, schema", [
+    (rlgen.Rollouts.add_rewards, RewardOptions),
     (rlgen.Engine.generate, GenerateOptions),
     (rlgen.Engine.agenerate, GenerateOptions),
     (rlgen.Engine.stream, StreamOptions),

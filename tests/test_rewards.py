@@ -125,10 +125,14 @@ def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
     ({"funcs": exact, "timeout": 0}, ValueError, "timeout"),
     ({"funcs": exact, "columns": {"answer": "answr"}}, ValueError, "did you mean 'answer'"),
     ({"funcs": {"ok": "not a function"}}, TypeError, "not a function"),
+    ({"funcs": exact, "timout": 5}, TypeError, "did you mean 'timeout'"),
+    ({"funcs": exact, "advantage": "ppo"}, ValueError, "advantage must be one of"),
+    ({"funcs": exact, "mode": "processes"}, ValueError, "did you mean 'process'"),
 ])
 def test_bad_arguments_fail_before_anything_runs(kwargs, error, match) -> None:
+    funcs = kwargs.pop("funcs")
     with pytest.raises(error, match=match):
-        make_rollouts().add_rewards(**{"mode": "thread", **kwargs})
+        make_rollouts().add_rewards(funcs, **{"mode": "thread", **kwargs})
 
 
 def test_group_stats_and_pass_at_k_follow_the_rewards() -> None:

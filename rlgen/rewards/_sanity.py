@@ -143,7 +143,7 @@ def sanity_check(
     res = res.with_columns(extra)
     label = name or getattr(fn, "__name__", None) or "reward"
     label = label if label.isidentifier() else "reward"
-    scored = res.add_rewards({label: fn}, style=style, columns=columns, mode=mode,  # type: ignore[arg-type]
+    scored = res.add_rewards({label: fn}, style=style, columns=columns, mode=mode,
                              timeout=timeout, progress=False)
     values = scored.df[f"reward_{label}"].to_numpy(dtype=float)
     status = scored.df[f"reward_{label}_status"].astype(str).tolist()
