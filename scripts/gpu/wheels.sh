@@ -15,7 +15,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   pyfiglet==1.0.2 pytz==2026.6
 # Published as source only: pure-Python ones build anywhere; pycosat (C) needs a CPython 3.12 here.
 python3 -m pip wheel -q --no-deps -w .whl cellpylib==2.4.0 zss==1.2.0
-PY312=$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -1 || true)
+PY312=""
+for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python; do
+  if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then PY312=$candidate; break; fi
+done
 [ -n "$PY312" ] || { echo "no CPython 3.12 here to build pycosat for the GPU machine" >&2; exit 1; }
 "$PY312" -m pip wheel -q --no-deps -w .whl pycosat==0.6.6
 ls .whl
