@@ -205,3 +205,18 @@ def test_ctrl_c_stops_scoring_keeps_what_was_scored_and_marks_the_rest_cancelled
     assert time.monotonic() - started < 5
     assert 0 < (status == "ok").sum() < 32 and (status == "cancelled").sum() == 32 - (status == "ok").sum()
     assert out.df.loc[status == "cancelled", "reward_slow"].isna().all()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_an_async_reward_is_awaited_concurrently(mode: str) -> None:
+    import asyncio
+
+    async def judge(completion: str, answer: str) -> float:
+        await asyncio.sleep(0.2)  # e.g. a call to a judge model's HTTP API
+        return float(completion.strip() == answer)
+
+    started = time.monotonic()
+    res = make_rollouts().add_rewards(judge, mode=mode, workers=1, timeout=10)
+    assert res.df["reward_judge"].tolist() == [1, 0, 0, 0, 1, 1, 0, 0]
+    assert time.monotonic() - started < 8 * 0.2  # not one after another
