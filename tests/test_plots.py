@@ -320,7 +320,9 @@ def test_in_a_jupyter_kernel_each_plot_shows_exactly_once() -> None:
     here = Path(__file__).resolve().parent
     km = jupyter_client.KernelManager(kernel_name="python3")
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # the kernel picks its own (inline)
-    km.start_kernel(env={**env, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])})
+    # The repo and the tests first, then whatever the caller's path holds (where ipykernel may live).
+    path = os.pathsep.join(p for p in (str(here.parent), str(here), env.get("PYTHONPATH", "")) if p)
+    km.start_kernel(env={**env, "PYTHONPATH": path})
     kc = km.client()
     kc.start_channels()
     try:
