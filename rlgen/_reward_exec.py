@@ -47,6 +47,7 @@ import atexit
 import contextlib
 import faulthandler
 import inspect
+import linecache
 import math
 import os
 import pickle
@@ -265,6 +266,46 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 def _error_text(exc: BaseException) -> str:
     message = str(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _dump_function(fn: Callable[..., Any]) -> bytes:
+    """`fn` for a worker: cloudpickle's payload, with each code object's file name kept, plus the
+    source lines of files the worker cannot read (a notebook cell's), so that a traceback in the
+    worker shows the function's own lines. (cloudpickle >= 3.1.3 renames every code object's file
+    to "<dynamic-code>", which leaves tracebacks without source.)"""
+    import io
+    import marshal
+    import types
+
+    import cloudpickle
+
+    files: set[str] = set()
+
+    def note(code: types.CodeType) -> None:
+        files.add(code.co_filename)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                note(const)
+
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, types.CodeType):  # marshal keeps co_filename (same interpreter both sides)
+                note(obj)
+                return marshal.loads, (marshal.dumps(obj),)
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=_PICKLE).dump(fn)
+    sources = {name: lines for name in files if not os.path.exists(name) and (lines := linecache.getlines(name))}
+    return pickle.dumps((buffer.getvalue(), sources), protocol=_PICKLE)
+
+
+def _load_function(payload: bytes) -> Any:
+    """The function `_dump_function` sent, its files' source lines registered with linecache first."""
+    function, sources = pickle.loads(payload)
+    for name, lines in sources.items():
+        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
+    return pickle.loads(function)
 
 
 def _traceback_text(exc: BaseException) -> str:
@@ -612,7 +653,7 @@ class _WorkerState:
     def load(self, token: int, payload: bytes, is_async: bool, timeout: float | None, concurrency: int) -> None:
         self.fn, self.is_async, self.timeout, self.concurrency = None, is_async, timeout, concurrency
         try:
-            self.fn = pickle.loads(payload)
+            self.fn = _load_function(payload)
         except BaseException as exc:
             self.load_error = f"the function could not be loaded: {_error_text(exc)}"
             self.send(("loaded", token, _error_text(exc), _traceback_text(exc)))
@@ -955,10 +996,8 @@ class _ProcessRun:
     def __init__(self, fn: Callable[..., Any], calls: list[Call], outcomes: list[Outcome | None], *,
                  timeout: float | None, workers: int, batch_size: int | None, concurrency: int,
                  progress: Callable[[int], None]) -> None:
-        import cloudpickle
-
         try:
-            payload = cloudpickle.dumps(fn, protocol=_PICKLE)
+            payload = _dump_function(fn)
         except Exception as exc:
             raise TypeError(f"fn cannot be sent to a worker process ({_error_text(exc)}). Create locks, clients and "
                             "open files inside the function instead of capturing them, or use mode='thread'") from exc

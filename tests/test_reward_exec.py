@@ -455,3 +455,17 @@ def test_a_forked_copy_of_the_caller_leaves_the_callers_workers_alone() -> None:
             os._exit(code)  # never back into pytest
     assert os.waitpid(child, 0)[1] == 0
     assert {o.value for o in run_calls(lambda _: os.getpid(), calls_of(*range(4)), workers=2)} == first
+
+
+@pytest.mark.timeout(60)
+def test_a_traceback_from_a_worker_shows_the_source_of_a_function_defined_in_a_notebook_cell() -> None:
+    import linecache
+
+    cell = "def parse(x):\n    return int(x)  # the line the traceback must show\n"
+    name = "/tmp/ipykernel_0/not-on-disk-cell.py"  # as IPython names cells: in linecache, not on disk
+    linecache.cache[name] = (len(cell), None, cell.splitlines(keepends=True), name)
+    namespace: dict[str, object] = {}
+    exec(compile(cell, name, "exec"), namespace)
+    (failed,) = run_calls(namespace["parse"], calls_of("x"))  # type: ignore[arg-type]
+    assert failed.status == "error" and failed.traceback is not None
+    assert "return int(x)  # the line the traceback must show" in failed.traceback
