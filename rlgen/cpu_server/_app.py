@@ -335,23 +335,20 @@ class Routes:
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         """Free the memory of the body's `tags` (all without tags) once running requests finish."""
-        try:
-            tags = _memory_tags_body(await _json_body(request))
-        except RequestValidationError as e:
-            return _validation_error(str(e))
-        runner = self.state.runner
-        await self._on_scheduler(lambda: runner.release_memory(tags))
-        return _json(None)  # SGLang's handler returns None, serialized as `null`
+        return await self._memory_route(request, self.state.runner.release_memory)
 
     async def resume_memory_occupation(self, request: web.Request) -> web.Response:
         """Take the memory back; released weights stay without their values until a reload."""
+        return await self._memory_route(request, self.state.runner.resume_memory)
+
+    async def _memory_route(self, request: web.Request, apply: Callable[[list[str] | None], Any]) -> web.Response:
+        """Run `apply(tags)` (the body's `tags`; None for all) on the scheduler thread."""
         try:
             tags = _memory_tags_body(await _json_body(request))
         except RequestValidationError as e:
             return _validation_error(str(e))
-        runner = self.state.runner
-        await self._on_scheduler(lambda: runner.resume_memory(tags))
-        return _json(None)
+        await self._on_scheduler(lambda: apply(tags))
+        return _json(None)  # SGLang's handler returns None, serialized as `null`
 
     async def _on_scheduler(self, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
         """Run `fn` on the scheduler thread (see Runner.call) and return its result or raise its error."""
