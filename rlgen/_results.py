@@ -60,7 +60,7 @@ __all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 COLUMNS = (
     "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "matched_stop",
     "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
-    "latency_s", "weight_version", "rid", "error",
+    "request_latency_s", "weight_version", "rid", "error",
 )  # fmt: skip
 
 # Optional flat per-token fields, and the attribute each lives in.
@@ -104,8 +104,12 @@ class Rollouts:
     DataFrame columns: prompt_index, sample_index, prompt, completion, finish_reason ("stop",
     "length", "abort", "error"; "unknown" if the server gave none), matched_stop (token id or stop
     string), prompt_tokens, completion_tokens, cached_tokens, logprob_sum, logprob_mean (NaN
-    without logprobs), latency_s (server end-to-end), weight_version, rid, error (message for
-    aborted/failed rows), then extra columns.
+    without logprobs), request_latency_s, weight_version, rid, error (message for aborted/failed
+    rows), then extra columns. `request_latency_s` is the server's end-to-end time (`e2e_latency`)
+    of the batched `/generate` request the row was sent in, not the sample's own time: SGLang
+    gives most rows of one request the same value (this column was called `latency_s` before; `from_parquet`
+    renames it in older files). Per-sample timing exists only when streaming: `ttft_s` (time to
+    first token) and `itl_s` (mean inter-token latency), extra columns of `stream=True` results.
 
     Usage::
 
@@ -627,6 +631,9 @@ class Rollouts:
         """Read a file written by `to_parquet`."""
         stored = read_parquet(path, _FIELDS)
         fields, header = stored.fields, stored.header
+        if "latency_s" in stored.df.columns and "request_latency_s" not in stored.df.columns:
+            # Files written before the rename: the same value (the batched request's time), new name.
+            stored.df = stored.df.rename(columns={"latency_s": "request_latency_s"})
         texts = fields["token_texts"]
         return cls(
             df=stored.df,
@@ -734,7 +741,7 @@ def rollouts_from_responses(
         "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
         "logprob_sum": parsed.logprob_sum,
         "logprob_mean": parsed.logprob_mean,
-        "latency_s": np.asarray(cols["latency_s"], np.float64),
+        "request_latency_s": np.asarray(cols["request_latency_s"], np.float64),
         "weight_version": pd.Series(cols["weight_version"], dtype=text),
         "rid": pd.Series(cols["rid"], dtype=text),
         "error": pd.Series(cols["error"], dtype=text),

@@ -159,7 +159,7 @@ def test_rows_record_finish_reason_matched_stop_and_server_fields():
     df = res.df
     assert df.finish_reason.tolist() == ["stop", "length", "abort", "stop"]
     assert df.matched_stop.tolist() == [7, None, None, "###"]
-    assert df.latency_s.tolist() == [0.25] * 4
+    assert df.request_latency_s.tolist() == [0.25] * 4
     assert df.weight_version.tolist() == ["v1"] * 4
     assert df.cached_tokens.tolist() == [1] * 4
     assert df.completion.iloc[0] == "5 6 7"
@@ -441,6 +441,16 @@ def test_parquet_round_trip_of_a_selection_and_of_an_empty_result(tmp_path):
     empty = res.where(lambda df: df.completion_tokens > 100)
     empty.to_parquet(tmp_path / "empty.parquet")
     assert len(Rollouts.from_parquet(tmp_path / "empty.parquet")) == 0
+
+
+def test_a_file_written_before_the_rename_reads_its_latency_s_as_request_latency_s(tmp_path):
+    res = two_by_two()
+    old = res[:]
+    old.df = old.df.rename(columns={"request_latency_s": "latency_s"})  # the column as older files have it
+    old.to_parquet(tmp_path / "old.parquet")
+    back = Rollouts.from_parquet(tmp_path / "old.parquet")
+    assert "latency_s" not in back.df.columns
+    pd.testing.assert_frame_equal(back.df, res.df)
 
 
 def test_from_parquet_refuses_a_file_rollouts_did_not_write(tmp_path):
