@@ -60,7 +60,7 @@ __all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 COLUMNS = (
     "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "matched_stop",
     "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
-    "request_latency_s", "weight_version", "rid", "error",
+    "request_latency_s", "weight_version", "rid", "error", "row_id",
 )  # fmt: skip
 
 # Optional flat per-token fields, and the attribute each lives in.
@@ -105,7 +105,9 @@ class Rollouts:
     "length", "abort", "error"; "unknown" if the server gave none), matched_stop (token id or stop
     string), prompt_tokens, completion_tokens, cached_tokens, logprob_sum, logprob_mean (NaN
     without logprobs), request_latency_s, weight_version, rid, error (message for aborted/failed
-    rows), then extra columns. `request_latency_s` is the server's end-to-end time (`e2e_latency`)
+    rows), row_id, then extra columns. `row_id` (int64) is the row's position in the result it was
+    generated in (0..N-1): selection, concat and parquet keep it, so the rows of `res.where(...)`
+    are found in `res` with `res.df.row_id.isin(sel.df.row_id)`. `request_latency_s` is the server's end-to-end time (`e2e_latency`)
     of the batched `/generate` request the row was sent in, not the sample's own time: SGLang
     gives most rows of one request the same value (this column was called `latency_s` before; `from_parquet`
     renames it in older files). Per-sample timing exists only when streaming: `ttft_s` (time to
@@ -143,6 +145,10 @@ class Rollouts:
         n_rows = len(prompt_offsets) - 1
         if len(df) != n_rows or len(response_offsets) != n_rows + 1 or len(meta_info) != n_rows:
             raise ValueError("df, offsets and meta_info must describe the same number of rows")
+        if "row_id" not in df.columns:
+            # Data from before row ids (an older parquet file, a hand-built df): their order is all
+            # that is known, so the ids are the positions, as a fresh result's are.
+            df = df.assign(row_id=np.arange(n_rows, dtype=np.int64))
         self._df = df
         self._p_ids, self._p_off = prompt_ids, prompt_offsets
         self._r_ids, self._r_off = response_ids, response_offsets
@@ -185,7 +191,10 @@ class Rollouts:
         return self._take(self._index(key))
 
     def where(self, condition: Any) -> Rollouts:
-        """The rows where `condition` holds: a callable `df -> bool mask`, or a bool mask/Series."""
+        """The rows where `condition` holds: a callable `df -> bool mask`, or a bool mask/Series.
+
+        The result's df is numbered 0..M-1 (so that it lines up with its tensors); its `row_id`
+        column keeps each row's id in the source."""
         mask = condition(self._df) if callable(condition) else condition
         return self._take(self._index(mask, boolean_only=True))
 
@@ -745,6 +754,7 @@ def rollouts_from_responses(
         "weight_version": pd.Series(cols["weight_version"], dtype=text),
         "rid": pd.Series(cols["rid"], dtype=text),
         "error": pd.Series(cols["error"], dtype=text),
+        "row_id": rows,
     }
     data.update({k: list(v) for k, v in extra.items()})
     return Rollouts(

@@ -352,6 +352,22 @@ def test_assigning_a_reordered_df_is_refused():
     assert "reward" in res.df
 
 
+def test_a_fresh_result_numbers_its_rows_in_row_id():
+    res = two_by_two()
+    assert res.df.row_id.tolist() == [0, 1, 2, 3] and res.df.row_id.dtype == np.int64
+
+
+def test_rows_selected_with_where_keep_their_row_id_and_are_found_in_the_source_by_it():
+    res = two_by_two()
+    res.df["score"] = [0.5, 0.1, 0.9, 0.7]
+    sel = res.where(lambda df: df.score > 0.6)
+    assert sel.df.index.tolist() == [0, 1]  # the df is renumbered, to line up with the tensors
+    assert sel.df.row_id.tolist() == [2, 3]
+    back = res.where(res.df.row_id.isin(sel.df.row_id))
+    assert_same_rows(back, res, [2, 3])
+    assert res[[3, 1]][[1]].df.row_id.tolist() == [1]  # a selection of a selection still points back
+
+
 def test_an_in_place_reorder_of_df_is_detected_before_it_misaligns_a_selection():
     res = two_by_two()
     res.df.index = res.df.index[::-1]  # e.g. a stray in-place edit
@@ -451,6 +467,16 @@ def test_a_file_written_before_the_rename_reads_its_latency_s_as_request_latency
     back = Rollouts.from_parquet(tmp_path / "old.parquet")
     assert "latency_s" not in back.df.columns
     pd.testing.assert_frame_equal(back.df, res.df)
+
+
+def test_parquet_keeps_the_row_ids_of_a_selection_and_gives_a_file_without_them_positions(tmp_path):
+    res = two_by_two()
+    res[[3, 1]].to_parquet(tmp_path / "sel.parquet")
+    assert Rollouts.from_parquet(tmp_path / "sel.parquet").df.row_id.tolist() == [3, 1]
+    old = res[[3, 1]]
+    old.df = old.df.drop(columns="row_id")  # the columns as older files have them
+    old.to_parquet(tmp_path / "old.parquet")
+    assert Rollouts.from_parquet(tmp_path / "old.parquet").df.row_id.tolist() == [0, 1]
 
 
 def test_from_parquet_refuses_a_file_rollouts_did_not_write(tmp_path):
