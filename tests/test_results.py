@@ -59,7 +59,7 @@ def entry(
 PROMPTS = [[101, 102, 103], [201]]
 
 
-def two_by_two(**kw) -> Rollouts:
+def two_by_two(*, sampling: dict | None = None, **kw) -> Rollouts:
     """2 prompts x n=2: lengths 3, 1, 0 (aborted), 4; prompt lengths 3 and 1."""
     responses = [
         entry([5, 6, 7], matched=7, **kw),
@@ -68,7 +68,8 @@ def two_by_two(**kw) -> Rollouts:
         entry([1, 2, 3, 4], matched="###", **kw),
     ]
     return rollouts_from_responses(
-        responses, prompt_ids=PROMPTS, prompt_texts=["first <b>", None], n=2, pad_token_id=PAD, model="tiny"
+        responses, prompt_ids=PROMPTS, prompt_texts=["first <b>", None], n=2, pad_token_id=PAD, model="tiny",
+        sampling=sampling,
     )
 
 
@@ -390,6 +391,56 @@ def test_concat_repads_and_keeps_prompt_index_unless_renumbered():
     assert_same_rows(both[[4]], b, [0])
 
 
+def test_each_result_is_one_run_with_its_own_short_id_and_sampling():
+    a, b = two_by_two(sampling={"temperature": 0.0}), two_by_two()
+    assert a.df.run.nunique() == 1 and len(a.df.run.iloc[0]) == 8
+    assert a.df.run.iloc[0] != b.df.run.iloc[0]
+    assert a.run_sampling == {a.df.run.iloc[0]: {"temperature": 0.0}} and a.sampling == {"temperature": 0.0}
+    assert a[[]].sampling == {"temperature": 0.0}
+
+
+def test_concat_keeps_each_rows_run_and_the_sampling_of_each_run():
+    hot, cold = two_by_two(sampling={"temperature": 1.0}), two_by_two(sampling={"temperature": 0.0})
+    both = Rollouts.concat([hot, cold])
+    assert both.df.run.tolist() == hot.df.run.tolist() + cold.df.run.tolist()
+    assert both.df.row_id.tolist() == [0, 1, 2, 3] * 2
+    assert both.df.run.map(both.run_sampling).tolist() == [{"temperature": 1.0}] * 4 + [{"temperature": 0.0}] * 4
+    assert both.sampling is None  # the runs disagree; per run in run_sampling
+    assert both[:4].sampling == {"temperature": 1.0}  # a selection forgets the runs it dropped
+    named = Rollouts.concat([hot, cold], labels=["hot", "cold"])
+    assert named.df.run.tolist() == ["hot"] * 4 + ["cold"] * 4
+    assert named.run_sampling == {"hot": {"temperature": 1.0}, "cold": {"temperature": 0.0}}
+    again = Rollouts.concat([named, two_by_two()], labels=["x", "y"])  # an input of several runs
+    assert again.df.run.tolist()[::4] == ["x/hot", "x/cold", "y"]
+
+
+def test_concat_of_one_result_with_itself_renames_the_repeat_so_row_ids_stay_unique_per_run():
+    res = two_by_two()
+    run = res.df.run.iloc[0]
+    assert Rollouts.concat([res[:2], res[2:]]).df.run.tolist() == [run] * 4  # pieces of one run stay one run
+    both = Rollouts.concat([res, res])
+    assert both.df.run.tolist() == [run] * 4 + [f"{run}#1"] * 4
+    assert not both.df.duplicated(["run", "row_id"]).any()
+    with pytest.raises(ValueError, match="labels that tell"):
+        Rollouts.concat([res, res], labels=["a", "a"])
+    with pytest.raises(ValueError, match="one per input"):
+        Rollouts.concat([res, res], labels=["a"])
+
+
+def test_rewards_and_group_stats_of_two_runs_with_the_same_prompt_indices_never_mix_the_runs():
+    def target(target: float) -> float:
+        return float(target)
+
+    a = two_by_two().with_columns({"target": [1.0] * 4})
+    b = two_by_two().with_columns({"target": [0.0] * 4})
+    both = Rollouts.concat([a, b], labels=["a", "b"]).add_rewards(target, mode="inline")
+    stats = both.group_stats()
+    assert list(zip(stats.run, stats.prompt_index)) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert stats["mean"].tolist() == [1.0, 1.0, 0.0, 0.0] and stats.zero_std.all()
+    assert both.df.group_mean.tolist() == [1.0] * 4 + [0.0] * 4
+    assert (both.df.advantage == 0).all()  # mixed, each group would be half 1 and half 0
+
+
 def test_concat_fills_fields_missing_from_one_input_with_nan():
     a = two_by_two(top_k=2)
     b = two_by_two(logprobs=False)
@@ -421,7 +472,7 @@ def assert_identical(a: Rollouts, b: Rollouts) -> None:
         assert ta[k].dtype == tb[k].dtype, k
         torch.testing.assert_close(ta[k], tb[k], rtol=0, atol=0, equal_nan=True, msg=k)
     assert a.meta_info == b.meta_info
-    assert (a.pad_token_id, a.model, a.sampling) == (b.pad_token_id, b.model, b.sampling)
+    assert (a.pad_token_id, a.model, a.sampling, a.run_sampling) == (b.pad_token_id, b.model, b.sampling, b.run_sampling)
     assert [a.tokens(i)["texts"] for i in range(len(a))] == [b.tokens(i)["texts"] for i in range(len(b))]
 
 
@@ -477,6 +528,24 @@ def test_parquet_keeps_the_row_ids_of_a_selection_and_gives_a_file_without_them_
     old.df = old.df.drop(columns="row_id")  # the columns as older files have them
     old.to_parquet(tmp_path / "old.parquet")
     assert Rollouts.from_parquet(tmp_path / "old.parquet").df.row_id.tolist() == [0, 1]
+
+
+def test_parquet_keeps_the_runs_and_each_runs_sampling_of_a_concat(tmp_path):
+    both = Rollouts.concat([two_by_two(sampling={"temperature": 1.0}), two_by_two(sampling={"top_k": 5})],
+                           labels=["hot", "top"])
+    both.to_parquet(tmp_path / "both.parquet")
+    back = Rollouts.from_parquet(tmp_path / "both.parquet")
+    assert_identical(back, both)
+    assert back.run_sampling == {"hot": {"temperature": 1.0}, "top": {"top_k": 5}}
+
+
+def test_a_file_without_runs_reads_as_one_run_with_the_files_sampling(tmp_path):
+    res = two_by_two(sampling={"temperature": 0.5})
+    old = res[:]
+    old.df = old.df.drop(columns="run")  # the columns as older files have them
+    old.to_parquet(tmp_path / "old.parquet")
+    back = Rollouts.from_parquet(tmp_path / "old.parquet")
+    assert back.df.run.nunique() == 1 and back.sampling == {"temperature": 0.5}
 
 
 def test_from_parquet_refuses_a_file_rollouts_did_not_write(tmp_path):
