@@ -540,7 +540,7 @@ def rlgen_generate(eng: Any, wl: Workload) -> Served:
     tensors = res.tensors()
     if tensors["response_ids"].shape[0] != wl.n_samples:
         raise RuntimeError(f"rlgen returned {tensors['response_ids'].shape[0]} rows for {wl.n_samples}")
-    return Served(int(df["completion_tokens"].sum()), server_span(df["latency_s"].tolist()))
+    return Served(int(df["completion_tokens"].sum()), server_span(df["request_latency_s"].tolist()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         res = eng.generate(PROMPTS, n=args.n, max_new_tokens=args.max_new_tokens, temperature=0.7)
         print(res)
         with pd.option_context("display.max_colwidth", 60, "display.max_columns", None, "display.width", 250):
-            print(res.df[["prompt_index", "sample_index", "completion", "finish_reason", "completion_tokens", "logprob_mean", "latency_s"]])
+            print(res.df[["prompt_index", "sample_index", "completion", "finish_reason", "completion_tokens", "logprob_mean", "request_latency_s"]])
         shapes = {name: tuple(t.shape) for name, t in res.tensors().items()}
         print("tensors:", shapes)
 

@@ -3,8 +3,8 @@
 Owns: the file layout and its version check. The df's own columns are stored as they are (except
 `matched_stop`, which mixes token ids and stop strings and is stored as JSON text); ragged token
 data are list columns named `_rlgen_<name>` beside them (`[T, k]` fields as lists of fixed-size
-lists); `meta_info` is one JSON text per row; pad id, model and sampling are JSON in the file's
-metadata under the key `rlgen`. Knows nothing about `Rollouts` itself, torch or tensors:
+lists); `meta_info` is one JSON text per row; pad id, model, sampling and run_sampling (run ->
+sampling) are JSON in the file's metadata under the key `rlgen`. Knows nothing about `Rollouts` itself, torch or tensors:
 `Rollouts.to_parquet` / `from_parquet` (`_results.py`) hand over and take back the flat arrays.
 """
 
@@ -38,7 +38,7 @@ class StoredRollouts:
     response: Ragged
     meta_info: list[dict[str, Any]]
     fields: dict[str, np.ndarray | None]  # optional flat fields, None where the file has none
-    header: dict[str, Any]  # pad_token_id, model, sampling (and the format version)
+    header: dict[str, Any]  # pad_token_id, model, sampling, run_sampling (and the format version)
 
 
 def write_parquet(

@@ -198,8 +198,9 @@ class RolloutPlots:
         keys = group_keys(df)
         r = df[reward].to_numpy(dtype=np.float64)
         stats = _group_stats.group_arrays(r, keys)
-        names = (df["run"].astype(str) + "/" + df["prompt_index"].astype(str) if "run" in df.columns
-                 else df["prompt_index"].astype(str))
+        # The run is named only when there are several (every result has a run column).
+        names = (df["run"].astype(str) + "/" + df["prompt_index"].astype(str)
+                 if "run" in df.columns and df["run"].nunique() > 1 else df["prompt_index"].astype(str))
         frame = pd.DataFrame({"key": keys, "r": r, "mean": stats.mean, "zero": stats.zero_std,
                               "name": names.to_numpy()})
         table = frame.groupby("key", sort=False).agg(mean=("mean", "first"), lo=("r", "min"), hi=("r", "max"),

@@ -31,7 +31,7 @@ __all__ = ["ParsedResponses", "failed_entry", "gc_paused", "parse_responses", "s
 # Per-row values read from each entry, named as the DataFrame columns they become.
 ROW_FIELDS = (
     "finish_reason", "matched_stop", "prompt_tokens", "completion_tokens", "cached_tokens",
-    "latency_s", "weight_version", "rid", "error",
+    "request_latency_s", "weight_version", "rid", "error",
 )  # fmt: skip
 
 # Per-token lists in meta_info: converted into arrays, so they are not kept a second time as
@@ -140,7 +140,8 @@ def parse_responses(
         cols["prompt_tokens"].append(len(prompt_ids[i // n]) if prompt_tokens is None else prompt_tokens)
         cols["completion_tokens"].append(len(ids) if completion_tokens is None else completion_tokens)
         cols["cached_tokens"].append(meta.get("cached_tokens") or 0)
-        cols["latency_s"].append(meta.get("e2e_latency", np.nan))
+        # e2e_latency is the batched request's time (most rows of one request get the same value).
+        cols["request_latency_s"].append(meta.get("e2e_latency", np.nan))
         cols["weight_version"].append(meta.get("weight_version"))
         cols["rid"].append(meta.get("id"))
         cols["error"].append((fr.get("message") or None) if kind in ("abort", "error") else None)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,7 +61,7 @@ __all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
 COLUMNS = (
     "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "matched_stop",
     "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
-    "latency_s", "weight_version", "rid", "error",
+    "request_latency_s", "weight_version", "rid", "error", "run", "row_id",
 )  # fmt: skip
 
 # Optional flat per-token fields, and the attribute each lives in.
@@ -104,8 +105,18 @@ class Rollouts:
     DataFrame columns: prompt_index, sample_index, prompt, completion, finish_reason ("stop",
     "length", "abort", "error"; "unknown" if the server gave none), matched_stop (token id or stop
     string), prompt_tokens, completion_tokens, cached_tokens, logprob_sum, logprob_mean (NaN
-    without logprobs), latency_s (server end-to-end), weight_version, rid, error (message for
-    aborted/failed rows), then extra columns.
+    without logprobs), request_latency_s, weight_version, rid, error (message for aborted/failed
+    rows), run, row_id, then extra columns. `run` (str) names the generation a row came from: a
+    fresh short id per result, kept by selection and parquet and by `concat`, which can relabel
+    (`labels=`); prompt groups (rewards, advantages, `group_stats`) are (run, prompt_index), so
+    concatenated runs never mix. `run_sampling` maps each run to its sampling parameters
+    (`res.df.run.map(res.run_sampling)` gives each row's). `row_id` (int64) is the row's position in the result it was
+    generated in (0..N-1): selection, concat and parquet keep it, so the rows of `res.where(...)`
+    are found in `res` with `res.df.row_id.isin(sel.df.row_id)`. `request_latency_s` is the server's end-to-end time (`e2e_latency`)
+    of the batched `/generate` request the row was sent in, not the sample's own time: SGLang
+    gives most rows of one request the same value (this column was called `latency_s` before; `from_parquet`
+    renames it in older files). Per-sample timing exists only when streaming: `ttft_s` (time to
+    first token) and `itl_s` (mean inter-token latency), extra columns of `stream=True` results.
 
     Usage::
 
@@ -133,12 +144,29 @@ class Rollouts:
         prompt_logprobs: np.ndarray | None = None,
         model: str = "",
         sampling: dict[str, Any] | None = None,
+        run_sampling: Mapping[str, dict[str, Any] | None] | None = None,
         decode: Callable[[list[int]], list[str]] | None = None,
     ) -> None:
-        """Low-level constructor from flat arrays; results come from `Engine.generate`, `from_parquet`, `concat`."""
+        """Low-level constructor from flat arrays; results come from `Engine.generate`, `from_parquet`, `concat`.
+
+        Each run in `df` gets its entry of `run_sampling`, else `sampling`; a df without a `run`
+        column is one new run."""
         n_rows = len(prompt_offsets) - 1
         if len(df) != n_rows or len(response_offsets) != n_rows + 1 or len(meta_info) != n_rows:
             raise ValueError("df, offsets and meta_info must describe the same number of rows")
+        if "row_id" not in df.columns:
+            # Data from before row ids (an older parquet file, a hand-built df): their order is all
+            # that is known, so the ids are the positions, as a fresh result's are.
+            df = df.assign(row_id=np.arange(n_rows, dtype=np.int64))
+        if "run" not in df.columns:
+            df = df.assign(run=_text_series([new_run_id()] * n_rows))
+        given = dict(run_sampling or {})
+        runs = [str(r) for r in df["run"].unique()]
+        # One entry per run present (so a selection forgets the runs it dropped); an empty result
+        # keeps what it was given, so that res[[]] still tells its sampling.
+        self.run_sampling: dict[str, dict[str, Any] | None] = (
+            {r: given.get(r, sampling) for r in runs} if runs else given
+        )
         self._df = df
         self._p_ids, self._p_off = prompt_ids, prompt_offsets
         self._r_ids, self._r_off = response_ids, response_offsets
@@ -147,12 +175,23 @@ class Rollouts:
         self.meta_info: list[dict[str, Any]] = meta_info
         self.pad_token_id = int(pad_token_id)
         self.model = model
-        self.sampling = sampling
         # Display only: maps a list of token ids to per-token strings for the HTML heatmap
         # (e.g. tokenizer.convert_ids_to_tokens). Not saved to parquet.
         self.decode = decode
         self._cache: dict[str, torch.Tensor] | None = None
         self._device: Any = None
+
+    @property
+    def sampling(self) -> dict[str, Any] | None:
+        """The sampling parameters of every run when they agree (one run: its own), else None;
+        per run in `run_sampling`."""
+        values = list(self.run_sampling.values())
+        return values[0] if values and all(v == values[0] for v in values) else None
+
+    @sampling.setter
+    def sampling(self, value: dict[str, Any] | None) -> None:
+        # A new dict, so that copies sharing the old one (`to`, `with_columns`) keep theirs.
+        self.run_sampling = dict.fromkeys(self.run_sampling, value)
 
     # -- rows and selection ----------------------------------------------------------------------
     @property
@@ -181,7 +220,10 @@ class Rollouts:
         return self._take(self._index(key))
 
     def where(self, condition: Any) -> Rollouts:
-        """The rows where `condition` holds: a callable `df -> bool mask`, or a bool mask/Series."""
+        """The rows where `condition` holds: a callable `df -> bool mask`, or a bool mask/Series.
+
+        The result's df is numbered 0..M-1 (so that it lines up with its tensors); its `row_id`
+        column keeps each row's id in the source."""
         mask = condition(self._df) if callable(condition) else condition
         return self._take(self._index(mask, boolean_only=True))
 
@@ -247,33 +289,45 @@ class Rollouts:
             token_texts=pick(self._texts, r_take),
             prompt_logprobs=pick(self._p_lp, p_take),
             model=self.model,
-            sampling=self.sampling,
+            run_sampling=self.run_sampling,
             decode=self.decode,
         )
         out._device = self._device
         return out
 
     @classmethod
-    def concat(cls, items: Iterable[Rollouts], *, renumber: bool = False) -> Rollouts:
-        """Stack results row-wise and re-pad.
+    def concat(cls, items: Iterable[Rollouts], *, labels: Sequence[str] | None = None,
+               renumber: bool = False) -> Rollouts:
+        """Stack results row-wise and re-pad, keeping which run each row came from.
 
-        `prompt_index` is kept as it is in each input (so rows of the same prompt generated twice
-        still match up), unless `renumber=True`, which shifts each input's prompt_index past the
-        previous ones. Optional fields missing from some inputs become NaN / pad there; `model`
-        is kept when all agree (else joined with ", "), `sampling` when all agree (else None).
+        Each row keeps its `run` and `row_id`, so prompt groups (`run`, `prompt_index`) never mix
+        runs and `run_sampling` keeps each run's parameters. `labels` (one per input) renames the
+        inputs' runs: an input of one run gets its label, one of several runs `"<label>/<run>"`.
+        Without labels, an input whose rows repeat an earlier input's (`run`, `row_id`) (e.g. the
+        same result twice) gets its runs renamed `"<run>#<position>"`. `prompt_index` is kept as
+        it is (so rows of the same prompt still match up across runs by prompt_index alone),
+        unless `renumber=True`, which shifts each input's prompt_index past the previous ones.
+        Optional fields missing from some inputs become NaN / pad there; `model` is kept when all
+        agree (else joined with ", ").
+
+        Raises:
+            ValueError: `labels` has the wrong length, or leaves two rows with the same (`run`,
+                `row_id`), or one run with two different samplings.
         """
         import pandas as pd
 
         items = list(items)
         if not items or not all(isinstance(r, Rollouts) for r in items):
             raise TypeError("concat needs a non-empty list of Rollouts")
+        if labels is not None and (isinstance(labels, str) or len(labels) != len(items)):
+            raise ValueError(f"labels must be a list of {len(items)} strings, one per input, got {labels!r}")
         if len({r.pad_token_id for r in items}) != 1:
             pads = sorted({r.pad_token_id for r in items})
             raise ValueError(f"cannot concat results with different pad_token_id: {pads}")
         ks = {r._top_lp.shape[1] for r in items if r._top_lp is not None}
         if len(ks) > 1:
             raise ValueError(f"cannot concat results with different top-k sizes: {sorted(ks)}")
-        dfs = [r._checked_df() for r in items]
+        dfs, run_sampling = _relabel_runs(items, labels)
         if renumber:
             shifted, start = [], 0
             for d in dfs:
@@ -299,9 +353,14 @@ class Rollouts:
             sizes = [len(r._p_ids) if name == "prompt_logprobs" else len(r._r_ids) for r in items]
             fields[name] = np.concatenate([a if a is not None else fills[name](s) for a, s in zip(own, sizes)])
         models = list(dict.fromkeys(r.model for r in items if r.model))
-        same_sampling = all(r.sampling == items[0].sampling for r in items)
+        df = pd.concat(dfs, ignore_index=True)
+        repeated = df.duplicated(["run", "row_id"])
+        if repeated.any():
+            run, row_id = df.loc[repeated.idxmax(), ["run", "row_id"]]
+            raise ValueError(f"two rows would be run {run!r} row_id {row_id}: give labels that tell the inputs' runs "
+                             "apart, e.g. Rollouts.concat(items, labels=['a', 'b'])")
         out = cls(
-            df=pd.concat(dfs, ignore_index=True),
+            df=df,
             prompt_ids=np.concatenate([r._p_ids for r in items]),
             prompt_offsets=row_offsets(np.concatenate([np.diff(r._p_off) for r in items])),
             response_ids=np.concatenate([r._r_ids for r in items]),
@@ -314,7 +373,7 @@ class Rollouts:
             token_texts=fields["token_texts"],
             prompt_logprobs=fields["prompt_logprobs"],
             model=", ".join(models),
-            sampling=items[0].sampling if same_sampling else None,
+            run_sampling=run_sampling,
             decode=next((r.decode for r in items if r.decode is not None), None),
         )
         return out
@@ -619,7 +678,8 @@ class Rollouts:
             response=(self._r_ids, self._r_off),
             meta_info=self.meta_info,
             fields=fields,
-            header={"pad_token_id": self.pad_token_id, "model": self.model, "sampling": self.sampling},
+            header={"pad_token_id": self.pad_token_id, "model": self.model, "sampling": self.sampling,
+                    "run_sampling": self.run_sampling},
         )
 
     @classmethod
@@ -627,6 +687,9 @@ class Rollouts:
         """Read a file written by `to_parquet`."""
         stored = read_parquet(path, _FIELDS)
         fields, header = stored.fields, stored.header
+        if "latency_s" in stored.df.columns and "request_latency_s" not in stored.df.columns:
+            # Files written before the rename: the same value (the batched request's time), new name.
+            stored.df = stored.df.rename(columns={"latency_s": "request_latency_s"})
         texts = fields["token_texts"]
         return cls(
             df=stored.df,
@@ -638,6 +701,7 @@ class Rollouts:
             pad_token_id=int(header["pad_token_id"]),
             model=header.get("model", ""),
             sampling=header.get("sampling"),
+            run_sampling=header.get("run_sampling"),
             logprobs=fields["logprobs"],
             top_logprobs=fields["top_logprobs"],
             top_ids=fields["top_ids"],
@@ -720,7 +784,8 @@ def rollouts_from_responses(
     # 3) the DataFrame
     # Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
     # inferred as object, and concat / parquet would then change dtypes between results.
-    text = "str" if int(pd.__version__.split(".")[0]) >= 3 else object
+    text = _text_dtype()
+    run = new_run_id()
     prompts = [prompt_texts[int(p)] for p in rows // n] if prompt_texts is not None else [None] * n_rows
     data: dict[str, Any] = {
         "prompt_index": rows // n,
@@ -734,10 +799,12 @@ def rollouts_from_responses(
         "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
         "logprob_sum": parsed.logprob_sum,
         "logprob_mean": parsed.logprob_mean,
-        "latency_s": np.asarray(cols["latency_s"], np.float64),
+        "request_latency_s": np.asarray(cols["request_latency_s"], np.float64),
         "weight_version": pd.Series(cols["weight_version"], dtype=text),
         "rid": pd.Series(cols["rid"], dtype=text),
         "error": pd.Series(cols["error"], dtype=text),
+        "run": pd.Series([run] * n_rows, dtype=text),
+        "row_id": rows,
     }
     data.update({k: list(v) for k, v in extra.items()})
     return Rollouts(
@@ -754,6 +821,56 @@ def rollouts_from_responses(
         token_texts=parsed.token_texts,
         prompt_logprobs=parsed.prompt_logprobs,
         model=model,
-        sampling=sampling,
+        run_sampling={run: sampling},
         decode=decode,
     )
+
+
+def new_run_id() -> str:
+    """A short id for a new run (8 hex digits of a random UUID: repeats about once in 10^4.5
+    pairs of runs, far beyond how many runs one concat joins)."""
+    return uuid.uuid4().hex[:8]
+
+
+def _text_dtype() -> Any:
+    # pandas' own text dtype (str from pandas 3), so that concat and parquet keep text columns' dtype.
+    import pandas as pd
+
+    return "str" if int(pd.__version__.split(".")[0]) >= 3 else object
+
+
+def _text_series(values: list[str]) -> pd.Series:
+    import pandas as pd
+
+    return pd.Series(values, dtype=_text_dtype())
+
+
+def _relabel_runs(items: list[Rollouts], labels: Sequence[str] | None
+                  ) -> tuple[list[pd.DataFrame], dict[str, dict[str, Any] | None]]:
+    """Each input's df with its `run` column as `Rollouts.concat` documents, and the joined
+    run -> sampling mapping. Raises ValueError when one run would get two different samplings."""
+    dfs: list[pd.DataFrame] = []
+    merged: dict[str, dict[str, Any] | None] = {}
+    seen: set[tuple[str, int]] = set()
+    for position, item in enumerate(items):
+        df = item._checked_df()
+        runs = [str(r) for r in df["run"].unique()]
+        if labels is not None:
+            label = str(labels[position])
+            rename = {r: label if len(runs) <= 1 else f"{label}/{r}" for r in runs}
+        else:
+            keys = set(zip(df["run"].astype(str), df["row_id"].tolist()))
+            repeats = not seen.isdisjoint(keys)
+            rename = {r: f"{r}#{position}" if repeats else r for r in runs}
+        if any(old != new for old, new in rename.items()):
+            df = df.assign(run=_text_series([rename[str(r)] for r in df["run"]]))
+        seen.update(zip(df["run"].astype(str), df["row_id"].tolist()))
+        sources = item.run_sampling if runs else {}
+        for old, sampling in sources.items():
+            new = rename.get(old, old)
+            if new in merged and merged[new] != sampling:
+                raise ValueError(f"run {new!r} would have two samplings ({merged[new]} and {sampling}): give labels "
+                                 "that tell the inputs' runs apart")
+            merged[new] = sampling
+        dfs.append(df)
+    return dfs, merged

@@ -59,7 +59,7 @@ def entry(
 PROMPTS = [[101, 102, 103], [201]]
 
 
-def two_by_two(**kw) -> Rollouts:
+def two_by_two(*, sampling: dict | None = None, **kw) -> Rollouts:
     """2 prompts x n=2: lengths 3, 1, 0 (aborted), 4; prompt lengths 3 and 1."""
     responses = [
         entry([5, 6, 7], matched=7, **kw),
@@ -68,7 +68,8 @@ def two_by_two(**kw) -> Rollouts:
         entry([1, 2, 3, 4], matched="###", **kw),
     ]
     return rollouts_from_responses(
-        responses, prompt_ids=PROMPTS, prompt_texts=["first <b>", None], n=2, pad_token_id=PAD, model="tiny"
+        responses, prompt_ids=PROMPTS, prompt_texts=["first <b>", None], n=2, pad_token_id=PAD, model="tiny",
+        sampling=sampling,
     )
 
 
@@ -159,7 +160,7 @@ def test_rows_record_finish_reason_matched_stop_and_server_fields():
     df = res.df
     assert df.finish_reason.tolist() == ["stop", "length", "abort", "stop"]
     assert df.matched_stop.tolist() == [7, None, None, "###"]
-    assert df.latency_s.tolist() == [0.25] * 4
+    assert df.request_latency_s.tolist() == [0.25] * 4
     assert df.weight_version.tolist() == ["v1"] * 4
     assert df.cached_tokens.tolist() == [1] * 4
     assert df.completion.iloc[0] == "5 6 7"
@@ -352,6 +353,22 @@ def test_assigning_a_reordered_df_is_refused():
     assert "reward" in res.df
 
 
+def test_a_fresh_result_numbers_its_rows_in_row_id():
+    res = two_by_two()
+    assert res.df.row_id.tolist() == [0, 1, 2, 3] and res.df.row_id.dtype == np.int64
+
+
+def test_rows_selected_with_where_keep_their_row_id_and_are_found_in_the_source_by_it():
+    res = two_by_two()
+    res.df["score"] = [0.5, 0.1, 0.9, 0.7]
+    sel = res.where(lambda df: df.score > 0.6)
+    assert sel.df.index.tolist() == [0, 1]  # the df is renumbered, to line up with the tensors
+    assert sel.df.row_id.tolist() == [2, 3]
+    back = res.where(res.df.row_id.isin(sel.df.row_id))
+    assert_same_rows(back, res, [2, 3])
+    assert res[[3, 1]][[1]].df.row_id.tolist() == [1]  # a selection of a selection still points back
+
+
 def test_an_in_place_reorder_of_df_is_detected_before_it_misaligns_a_selection():
     res = two_by_two()
     res.df.index = res.df.index[::-1]  # e.g. a stray in-place edit
@@ -372,6 +389,56 @@ def test_concat_repads_and_keeps_prompt_index_unless_renumbered():
     assert Rollouts.concat([a, b], renumber=True).df.prompt_index.tolist() == [0, 0, 1, 1, 2]
     assert_same_rows(both[[0, 1, 2, 3]], a, [0, 1, 2, 3])
     assert_same_rows(both[[4]], b, [0])
+
+
+def test_each_result_is_one_run_with_its_own_short_id_and_sampling():
+    a, b = two_by_two(sampling={"temperature": 0.0}), two_by_two()
+    assert a.df.run.nunique() == 1 and len(a.df.run.iloc[0]) == 8
+    assert a.df.run.iloc[0] != b.df.run.iloc[0]
+    assert a.run_sampling == {a.df.run.iloc[0]: {"temperature": 0.0}} and a.sampling == {"temperature": 0.0}
+    assert a[[]].sampling == {"temperature": 0.0}
+
+
+def test_concat_keeps_each_rows_run_and_the_sampling_of_each_run():
+    hot, cold = two_by_two(sampling={"temperature": 1.0}), two_by_two(sampling={"temperature": 0.0})
+    both = Rollouts.concat([hot, cold])
+    assert both.df.run.tolist() == hot.df.run.tolist() + cold.df.run.tolist()
+    assert both.df.row_id.tolist() == [0, 1, 2, 3] * 2
+    assert both.df.run.map(both.run_sampling).tolist() == [{"temperature": 1.0}] * 4 + [{"temperature": 0.0}] * 4
+    assert both.sampling is None  # the runs disagree; per run in run_sampling
+    assert both[:4].sampling == {"temperature": 1.0}  # a selection forgets the runs it dropped
+    named = Rollouts.concat([hot, cold], labels=["hot", "cold"])
+    assert named.df.run.tolist() == ["hot"] * 4 + ["cold"] * 4
+    assert named.run_sampling == {"hot": {"temperature": 1.0}, "cold": {"temperature": 0.0}}
+    again = Rollouts.concat([named, two_by_two()], labels=["x", "y"])  # an input of several runs
+    assert again.df.run.tolist()[::4] == ["x/hot", "x/cold", "y"]
+
+
+def test_concat_of_one_result_with_itself_renames_the_repeat_so_row_ids_stay_unique_per_run():
+    res = two_by_two()
+    run = res.df.run.iloc[0]
+    assert Rollouts.concat([res[:2], res[2:]]).df.run.tolist() == [run] * 4  # pieces of one run stay one run
+    both = Rollouts.concat([res, res])
+    assert both.df.run.tolist() == [run] * 4 + [f"{run}#1"] * 4
+    assert not both.df.duplicated(["run", "row_id"]).any()
+    with pytest.raises(ValueError, match="labels that tell"):
+        Rollouts.concat([res, res], labels=["a", "a"])
+    with pytest.raises(ValueError, match="one per input"):
+        Rollouts.concat([res, res], labels=["a"])
+
+
+def test_rewards_and_group_stats_of_two_runs_with_the_same_prompt_indices_never_mix_the_runs():
+    def target(target: float) -> float:
+        return float(target)
+
+    a = two_by_two().with_columns({"target": [1.0] * 4})
+    b = two_by_two().with_columns({"target": [0.0] * 4})
+    both = Rollouts.concat([a, b], labels=["a", "b"]).add_rewards(target, mode="inline")
+    stats = both.group_stats()
+    assert list(zip(stats.run, stats.prompt_index)) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert stats["mean"].tolist() == [1.0, 1.0, 0.0, 0.0] and stats.zero_std.all()
+    assert both.df.group_mean.tolist() == [1.0] * 4 + [0.0] * 4
+    assert (both.df.advantage == 0).all()  # mixed, each group would be half 1 and half 0
 
 
 def test_concat_fills_fields_missing_from_one_input_with_nan():
@@ -405,7 +472,7 @@ def assert_identical(a: Rollouts, b: Rollouts) -> None:
         assert ta[k].dtype == tb[k].dtype, k
         torch.testing.assert_close(ta[k], tb[k], rtol=0, atol=0, equal_nan=True, msg=k)
     assert a.meta_info == b.meta_info
-    assert (a.pad_token_id, a.model, a.sampling) == (b.pad_token_id, b.model, b.sampling)
+    assert (a.pad_token_id, a.model, a.sampling, a.run_sampling) == (b.pad_token_id, b.model, b.sampling, b.run_sampling)
     assert [a.tokens(i)["texts"] for i in range(len(a))] == [b.tokens(i)["texts"] for i in range(len(b))]
 
 
@@ -441,6 +508,44 @@ def test_parquet_round_trip_of_a_selection_and_of_an_empty_result(tmp_path):
     empty = res.where(lambda df: df.completion_tokens > 100)
     empty.to_parquet(tmp_path / "empty.parquet")
     assert len(Rollouts.from_parquet(tmp_path / "empty.parquet")) == 0
+
+
+def test_a_file_written_before_the_rename_reads_its_latency_s_as_request_latency_s(tmp_path):
+    res = two_by_two()
+    old = res[:]
+    old.df = old.df.rename(columns={"request_latency_s": "latency_s"})  # the column as older files have it
+    old.to_parquet(tmp_path / "old.parquet")
+    back = Rollouts.from_parquet(tmp_path / "old.parquet")
+    assert "latency_s" not in back.df.columns
+    pd.testing.assert_frame_equal(back.df, res.df)
+
+
+def test_parquet_keeps_the_row_ids_of_a_selection_and_gives_a_file_without_them_positions(tmp_path):
+    res = two_by_two()
+    res[[3, 1]].to_parquet(tmp_path / "sel.parquet")
+    assert Rollouts.from_parquet(tmp_path / "sel.parquet").df.row_id.tolist() == [3, 1]
+    old = res[[3, 1]]
+    old.df = old.df.drop(columns="row_id")  # the columns as older files have them
+    old.to_parquet(tmp_path / "old.parquet")
+    assert Rollouts.from_parquet(tmp_path / "old.parquet").df.row_id.tolist() == [0, 1]
+
+
+def test_parquet_keeps_the_runs_and_each_runs_sampling_of_a_concat(tmp_path):
+    both = Rollouts.concat([two_by_two(sampling={"temperature": 1.0}), two_by_two(sampling={"top_k": 5})],
+                           labels=["hot", "top"])
+    both.to_parquet(tmp_path / "both.parquet")
+    back = Rollouts.from_parquet(tmp_path / "both.parquet")
+    assert_identical(back, both)
+    assert back.run_sampling == {"hot": {"temperature": 1.0}, "top": {"top_k": 5}}
+
+
+def test_a_file_without_runs_reads_as_one_run_with_the_files_sampling(tmp_path):
+    res = two_by_two(sampling={"temperature": 0.5})
+    old = res[:]
+    old.df = old.df.drop(columns="run")  # the columns as older files have them
+    old.to_parquet(tmp_path / "old.parquet")
+    back = Rollouts.from_parquet(tmp_path / "old.parquet")
+    assert back.df.run.nunique() == 1 and back.sampling == {"temperature": 0.5}
 
 
 def test_from_parquet_refuses_a_file_rollouts_did_not_write(tmp_path):
