@@ -131,6 +131,44 @@ def test_the_html_repr_does_not_build_tensors():
     assert res._cache is None
 
 
+# -- token texts from a real tokenizer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tok(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def decode_tokens(tok, ids: list[int]) -> list[str]:
+    """`Engine._decode_tokens` on an object that has only the tokenizer (no server)."""
+    from types import SimpleNamespace
+
+    from rlgen._engine import Engine
+
+    return Engine._decode_tokens(SimpleNamespace(tokenizer=tok), ids)  # type: ignore[arg-type]
+
+
+COMPLETION = "The capital of France\n\nis Paris. Le café 日本 🙂!"
+
+
+def test_engine_token_texts_are_real_text_that_concatenates_to_the_completion(tok):
+    ids = tok(COMPLETION, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    pieces = decode_tokens(tok, ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == COMPLETION + "<|im_end|>"
+    assert " capital" in pieces and "\n" in pieces and " café" in pieces and pieces[-1] == "<|im_end|>"
+    assert not any(ch in "".join(pieces) for ch in "ĠĊÃ\ufffd")
+
+
+def test_a_character_split_over_tokens_belongs_to_the_token_that_completes_it(tok):
+    ids = tok(" 日本", add_special_tokens=False)["input_ids"]
+    assert len(ids) > 2  # byte-level BPE splits these characters into several tokens
+    pieces = decode_tokens(tok, ids)
+    assert "".join(pieces) == " 日本" and all(p in ("", " 日", "本") for p in pieces)
+    assert decode_tokens(tok, ids[:1]) == [""]  # an unfinished character shows as nothing, not mojibake
+
+
 # -- progress --------------------------------------------------------------------------------------
 
 
