@@ -13,6 +13,7 @@ import colorsys
 import html
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -69,21 +70,32 @@ def short_repr(r: Rollouts) -> str:
 # ----------------------------------------------------------------------------------------------
 # HTML table with a logprob heatmap
 
-_PALETTE_STEPS = 11
-_palette: list[str] = []
+# The colour scale is logarithmic in p: log10(p) from 0 (p = 1) down to -6 (p = 1e-6 and below), so
+# p = 0.05 and p = 1e-6 look different. Light tones keep dark text readable in light and dark themes.
+_LOG10_P_FLOOR = -6.0
+_LEGEND_P = ((1.0, "1"), (0.1, "0.1"), (0.01, "0.01"), (1e-4, "1e-4"), (1e-6, "≤1e-6"))
 
 
 def logprob_color(logprob: float) -> str:
-    """Background colour for a token: green for p=exp(logprob) near 1, through yellow, to red near 0."""
-    if not _palette:  # light tones, so dark text stays readable in light and dark themes alike
-        for step in range(_PALETTE_STEPS):
-            r, g, b = colorsys.hls_to_rgb(step / (_PALETTE_STEPS - 1) / 3, 0.8, 0.75)
-            _palette.append(f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}")
+    """Background colour for a token: green for p = exp(logprob) = 1, yellow, red for p <= 1e-6.
+
+    Linear in log10(p), clamped to [-6, 0]; grey where the logprob is missing (None or NaN).
+    """
     if logprob is None or math.isnan(logprob):
         return "#dddddd"
-    p = math.exp(min(float(logprob), 0.0))
-    colour: str = _palette[round(p * (_PALETTE_STEPS - 1))]
-    return colour
+    log10_p = min(float(logprob), 0.0) / math.log(10)
+    t = 1.0 - max(log10_p, _LOG10_P_FLOOR) / _LOG10_P_FLOOR  # 1 at p = 1, 0 at p <= 1e-6
+    r, g, b = colorsys.hls_to_rgb(t / 3, 0.8, 0.75)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
+def _legend_html() -> str:
+    """The colour scale as a row of swatches, one per decade-ish step of p."""
+    swatches = "".join(
+        f'<span style="background:{logprob_color(math.log(p))};color:#111;padding:0 5px">{html.escape(label)}</span>'
+        for p, label in _LEGEND_P
+    )
+    return f'<span class="rlgen-legend" style="white-space:nowrap">p = {swatches}</span>'
 
 
 def _clip(value: Any, limit: int, *, tail: bool = False) -> str:
@@ -99,45 +111,103 @@ def _fmt(value: Any, limit: int = 60) -> str:
     return _clip(value, limit)
 
 
-def _token_labels(r: Rollouts, ids: list[int], texts: list[str | None] | None) -> list[str]:
-    """Per-token labels: server token texts, else `r.decode(ids)`, else the ids themselves."""
-    if texts is None and r.decode is not None and ids:
-        try:  # a repr must never raise: a bad decode just falls back to ids
-            decoded: list[str | None] = list(r.decode(list(ids)))
-            texts = decoded if len(decoded) == len(ids) else None
-        except Exception:
-            texts = None
-    if texts is None:
-        return [f"{t} " for t in ids]
-    # Empty pieces (special tokens) would be invisible, hiding exactly the off-by-one we want to see.
-    return [f"⟨{i}⟩" if not t else str(t).replace("\n", "↵\n") for i, t in zip(ids, texts)]
+def _safe_decode(r: Rollouts, ids: list[int]) -> list[str] | None:
+    """`r.decode(ids)` if it gives one piece per id, else None: a repr must never raise."""
+    if r.decode is None or not ids:
+        return None
+    try:
+        decoded = [str(t) for t in r.decode(list(ids))]
+    except Exception:
+        return None
+    return decoded if len(decoded) == len(ids) else None
+
+
+def _token_pieces(r: Rollouts, ids: list[int], texts: list[str | None] | None) -> list[str] | None:
+    """Per-token text: the server's token texts, else `r.decode(ids)`, else None (show ids)."""
+    if texts is not None:
+        return ["" if t is None else str(t) for t in texts]
+    return _safe_decode(r, ids)
+
+
+# Special tokens as text: "<|im_end|>", "<s>", "</s>", "<unk>", "<pad>", "<eos>", "<bos>".
+_SPECIAL = re.compile(r"<\|[^\s|]{1,40}\|>|</?s>|<(?:unk|pad|eos|bos|mask)>")
+_TAG_STYLE = "color:#555;border:1px solid #999;border-radius:3px;padding:0 2px;font-size:85%"
+
+
+def _piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
+    """A token's text as escaped HTML, with whitespace made visible where it would vanish.
+
+    A newline shows as "↵" then a real line break, a tab as "⇥" then the tab, a token of only
+    spaces as "·" per space; other spaces stay real spaces (so long lines wrap there). A special
+    token is a grey tag. An empty piece (bytes of a character that a later token completes) is
+    "▯"; an empty pad/EOS id (a server that gives special tokens no text) is the tag "⟨id⟩", so
+    the EOS still shows where it sits. U+FFFD (undecodable bytes) also shows as "▯".
+    """
+    if _SPECIAL.fullmatch(piece) or (not piece and token_id == pad_id):
+        return f'<span style="{_TAG_STYLE}">{html.escape(piece or f"⟨{token_id}⟩")}</span>'
+    if not piece:
+        return '<span style="color:#888">▯</span>'
+    if piece.strip(" ") == "":
+        return "·" * len(piece)
+    text = piece.replace("\ufffd", "▯").replace("\r\n", "\n").replace("\n", "↵\n").replace("\t", "⇥\t")
+    return html.escape(text)
+
+
+def _alternatives(r: Rollouts, top_ids: Any) -> dict[int, str]:
+    """Text of each top-k alternative id (decoded alone), for hover titles; {} without decode."""
+    unique = sorted({int(a) for row in top_ids for a in row})
+    texts: dict[int, str] = {}
+    for a in unique:
+        piece = _safe_decode(r, [a])
+        if piece is None:
+            return {}
+        texts[a] = piece[0]
+    return texts
 
 
 def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
     tok = r.tokens(i)
     ids = [int(t) for t in tok["ids"][:max_tokens]]
     texts = tok["texts"][:max_tokens] if tok["texts"] is not None else None
-    labels = _token_labels(r, ids, texts)
-    lps, top_lp, top_ids = tok["logprobs"], tok["top_logprobs"], tok["top_ids"]
+    pieces = _token_pieces(r, ids, texts)
+    pad_id = r.pad_token_id
+    lps = tok["logprobs"]
+    top_lp = tok["top_logprobs"][:max_tokens] if tok["top_logprobs"] is not None else None
+    top_ids = tok["top_ids"][:max_tokens] if tok["top_ids"] is not None else None
+    alt_texts = _alternatives(r, top_ids) if top_ids is not None else {}
     spans = []
-    for j, (tid, label) in enumerate(zip(ids, labels)):
-        title = f"id {tid}"
+    for j, tid in enumerate(ids):
+        if pieces is None:  # no text at all: the ids themselves, the pad/EOS id as a tag
+            body = f'<span style="{_TAG_STYLE}">{tid}</span> ' if tid == pad_id else f"{tid} "
+        else:
+            body = _piece_html(pieces[j], tid, pad_id)
+        title = f"id {tid}" if pieces is None else f"id {tid} {pieces[j]!r}"
         style = ""
         if lps is not None:
             lp = float(lps[j])
-            title += f" | logprob {lp:.4f} (p={math.exp(lp):.3f})" if not math.isnan(lp) else " | logprob n/a"
+            title += f" | logprob {lp:.4f} (p={math.exp(lp):.3g})" if not math.isnan(lp) else " | logprob n/a"
             style = f' style="background:{logprob_color(lp)}"'
         if top_lp is not None and top_ids is not None:
-            alts = ", ".join(f"{int(a)}:{float(b):.2f}" for a, b in zip(top_ids[j], top_lp[j]) if not math.isnan(b))
-            title += f" | top {alts}"
-        spans.append(f'<span{style} title="{html.escape(title)}">{html.escape(label)}</span>')
+            alts = [
+                f"{alt_texts[int(a)]!r} p={math.exp(float(b)):.3g}" if int(a) in alt_texts else f"id {int(a)} p={math.exp(float(b)):.3g}"
+                for a, b in zip(top_ids[j], top_lp[j])
+                if not math.isnan(b)
+            ]
+            if alts:
+                title += "\ntop: " + ", ".join(alts)
+        spans.append(f'<span{style} title="{html.escape(title)}">{body}</span>')
     more = len(tok["ids"]) - len(ids)
     if more > 0:
         spans.append(f'<span style="color:#888"> … +{more} tokens</span>')
     if not len(tok["ids"]):
         spans.append('<span style="color:#888">(empty)</span>')
     body = "".join(spans)
-    return f'<div style="white-space:pre-wrap;color:#111;line-height:1.5;text-align:left">{body}</div>'
+    # pre-wrap keeps the completion's own spaces and line breaks and wraps long lines at spaces;
+    # break-word also breaks a long run without spaces, so nothing runs off the right edge.
+    return (
+        '<div style="white-space:pre-wrap;word-break:break-word;overflow-wrap:anywhere;color:#111;'
+        f'line-height:1.5;text-align:left;min-width:16em">{body}</div>'
+    )
 
 
 def _finish_cell(row: Any) -> str:
@@ -153,9 +223,17 @@ def _finish_cell(row: Any) -> str:
     return f'<span style="color:{colour}">{html.escape(text)}</span>'
 
 
-# Jupyter right-aligns table cells by default; token text reads left to right from the top.
+# Jupyter right-aligns and vertically centres table cells; token text reads left to right from
+# the top. JupyterLab's rule is `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity
+# 0,2,1); `.jp-RenderedHTMLCommon .rlgen-rollouts table td` (0,2,2) beats it wherever it applies,
+# and `.rlgen-rollouts table td` (0,1,2) covers pages without JupyterLab's classes. Lab also
+# centres tables (margin auto) in some contexts: rlgen's tables sit at the left.
+_CELLS = "text-align:left; vertical-align:top; padding:2px 6px"
 _STYLE = (
-    "<style>.rlgen-rollouts th, .rlgen-rollouts td {text-align:left; vertical-align:top; padding:2px 6px}"
+    "<style>"
+    ".jp-RenderedHTMLCommon .rlgen-rollouts table td, .jp-RenderedHTMLCommon .rlgen-rollouts table th, "
+    f".rlgen-rollouts table td, .rlgen-rollouts table th {{{_CELLS}}}"
+    ".jp-RenderedHTMLCommon .rlgen-rollouts table, .rlgen-rollouts table {margin-left:0; margin-right:0}"
     "</style>"
 )
 
@@ -163,8 +241,9 @@ _STYLE = (
 def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200) -> str:
     """An HTML summary of `r`: a header line, then the first `max_rows` rows.
 
-    Each completion is drawn token by token, coloured by p = exp(logprob) (hover: id, logprob,
-    top-k); tokens past `max_tokens` and prompt text past `max_chars` are cut. All text is escaped.
+    Each completion is drawn token by token as real text (visible newlines, special tokens as grey
+    tags), coloured by p = exp(logprob) on a log scale with a legend (hover: id, text, logprob,
+    top-k alternatives with their texts); tokens past `max_tokens` and prompt text past `max_chars` are cut. All text is escaped.
     """
     df = r.df
     shown = df.head(max_rows)
@@ -194,7 +273,7 @@ def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max
     header = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
     summary = html.escape(short_repr(r)[1:-1])
     if r.has_logprobs:
-        summary += " | colour: p=exp(logprob), green high → red low; hover a token for id and logprob"
+        summary += f" | colour (log scale): {_legend_html()} | hover a token for its id, logprob and top-k"
     foot = ""
     if len(df) > max_rows:
         foot = (

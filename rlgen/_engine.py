@@ -432,7 +432,34 @@ class Engine:
         )
 
     def _decode_tokens(self, ids: list[int]) -> list[str]:
-        return list(self.tokenizer.convert_ids_to_tokens(ids))
+        """Each token's real text (for display): the pieces concatenate to the decoded text.
+
+        Incremental: token k's piece is decode(ids[s:k+1]) minus decode(ids[s:done]), where
+        ids[:done] already decoded to whole characters and s a few tokens before done (a short
+        context keeps this linear and keeps a tokenizer's leading-space rules right). A character
+        whose bytes span several tokens belongs to the token that completes it; the tokens before
+        it get "", and so do the tokens of a character cut off at the end: never mojibake. Only
+        bytes that no later token can complete (invalid UTF-8) show as U+FFFD. Special tokens keep
+        their text (e.g. "<|im_end|>").
+        """
+        tok = self.tokenizer
+        ids = [int(t) for t in ids]
+
+        def text(part: list[int]) -> str:
+            return str(tok.decode(part, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+        pieces: list[str] = []
+        bounds = [0]  # positions p where ids[:p] decodes to whole characters
+        for k in range(len(ids)):
+            done = bounds[-1]
+            start = bounds[max(0, len(bounds) - 5)]
+            before, after = text(ids[start:done]), text(ids[start : k + 1])
+            if after.endswith("\ufffd") and k - done < 4:
+                pieces.append("")  # bytes of a character that a later token completes
+                continue
+            pieces.append(after[len(before):] if after.startswith(before) else after)
+            bounds.append(k + 1)
+        return pieces
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, prompts: Prompts, completions: Sequence[str] | Sequence[Sequence[int]], *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 
 import pytest
@@ -104,8 +105,55 @@ def test_a_failing_decode_falls_back_to_ids_instead_of_breaking_the_repr():
     assert ">5 </span>" in res._repr_html_()
 
 
-def test_empty_token_texts_are_shown_as_their_id_so_they_stay_visible():
-    assert "⟨6⟩" in make(texts=["a", ""])._repr_html_()
+def test_an_empty_token_text_stays_visible_as_a_box_and_an_empty_eos_as_its_id():
+    page = make(texts=["a", ""])._repr_html_()
+    assert ">▯</span>" in page and "title=\"id 6 &#x27;&#x27;" in page
+    res = rollouts_from_responses(
+        [entry([5, 0], texts=["a", ""])], prompt_ids=[[1]], pad_token_id=0
+    )  # pad id = EOS id, as for the default model: the EOS is a real response token
+    assert "⟨0⟩</span>" in res._repr_html_()
+
+
+def test_whitespace_is_visible_where_it_would_vanish_and_real_where_text_wraps():
+    page = make(texts=[" ", "a b\n"])._repr_html_()
+    assert ">·</span>" in page and ">a b↵\n</span>" in page
+
+
+def test_special_tokens_are_grey_tags_and_the_eos_is_drawn_with_its_colour():
+    res = rollouts_from_responses(
+        [entry([5, 2], texts=["hi", "<|im_end|>"], lp=-1.0)], prompt_ids=[[1]], pad_token_id=2
+    )
+    page = res._repr_html_()
+    tag = re.search(r'<span style="background:(#\w+)" title="id 2[^"]*"><span style="color:#555[^"]*">&lt;\|im_end\|&gt;</span>', page)
+    assert tag and tag.group(1) == logprob_color(-2.0)
+
+
+def test_the_colour_is_on_a_log_scale_so_unlikely_and_very_unlikely_tokens_differ():
+    assert logprob_color(math.log(0.05)) != logprob_color(math.log(1e-6))
+    assert logprob_color(math.log(1e-6)) == logprob_color(-50.0)  # the scale ends at p = 1e-6
+    page = make()._repr_html_()
+    assert "rlgen-legend" in page
+    for p in (1.0, 0.1, 0.01, 1e-4, 1e-6):
+        assert f"background:{logprob_color(math.log(p))}" in page
+
+
+def test_a_token_tooltip_lists_the_top_k_alternatives_texts_and_probabilities():
+    e = entry([5, 6], lp=-0.5)
+    e["meta_info"]["output_top_logprobs"] = [[[-0.5, 5, None], [-1.5, 7, None]], [[-1.0, 6, None], [-2.0, 8, None]]]
+    res = rollouts_from_responses([e], prompt_ids=[[1]], pad_token_id=0)
+    res.decode = lambda ids: [{5: " Paris", 6: "\n", 7: " Lyon", 8: "é"}[i] for i in ids]
+    page = res._repr_html_()
+    assert "top: &#x27; Paris&#x27; p=0.607, &#x27; Lyon&#x27; p=0.223" in page
+    assert "top: &#x27;\\n&#x27; p=0.368, &#x27;é&#x27; p=0.135" in page
+
+
+def test_jupyterlab_cell_alignment_is_beaten_by_a_more_specific_rlgen_rule():
+    page = make()._repr_html_()
+    style = page.split("<style>")[1].split("</style>")[0]
+    # JupyterLab: `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td {text-align: right}` is (0,2,1).
+    rule = re.search(r"([^{}]*)\{([^}]*text-align:left[^}]*)\}", style)
+    assert rule and ".jp-RenderedHTMLCommon .rlgen-rollouts table td" in rule.group(1)
+    assert "vertical-align:top" in rule.group(2)
 
 
 def test_html_shows_finish_reason_errors_and_user_columns():
@@ -129,6 +177,55 @@ def test_the_html_repr_does_not_build_tensors():
     res._repr_html_()
     repr(res)
     assert res._cache is None
+
+
+# -- token texts from a real tokenizer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tok(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def decode_tokens(tok, ids: list[int]) -> list[str]:
+    """`Engine._decode_tokens` on an object that has only the tokenizer (no server)."""
+    from types import SimpleNamespace
+
+    from rlgen._engine import Engine
+
+    return Engine._decode_tokens(SimpleNamespace(tokenizer=tok), ids)  # type: ignore[arg-type]
+
+
+COMPLETION = "The capital of France\n\nis Paris. Le café 日本 🙂!"
+
+
+def test_engine_token_texts_are_real_text_that_concatenates_to_the_completion(tok):
+    ids = tok(COMPLETION, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    pieces = decode_tokens(tok, ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == COMPLETION + "<|im_end|>"
+    assert " capital" in pieces and "\n" in pieces and " café" in pieces and pieces[-1] == "<|im_end|>"
+    assert not any(ch in "".join(pieces) for ch in "ĠĊÃ\ufffd")
+
+
+def test_a_completion_with_spaces_newlines_and_accents_renders_as_readable_text(tok):
+    ids = tok(COMPLETION, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    res = rollouts_from_responses([entry(ids)], prompt_ids=[[1]], pad_token_id=tok.eos_token_id)
+    res.decode = lambda ids: decode_tokens(tok, ids)
+    cell = res._repr_html_().split("<tbody>")[1]
+    tokens = "".join(re.findall(r"<span style=\"background[^>]*>(.*?)</span>", cell))
+    assert not any(ch in tokens for ch in "ĠĊÃ")
+    assert ">The</span>" in cell and "> capital</span>" in cell and "> café</span>" in cell and ">↵\n</span>" in cell
+    assert "&lt;|im_end|&gt;</span>" in cell
+
+
+def test_a_character_split_over_tokens_belongs_to_the_token_that_completes_it(tok):
+    ids = tok(" 日本", add_special_tokens=False)["input_ids"]
+    assert len(ids) > 2  # byte-level BPE splits these characters into several tokens
+    pieces = decode_tokens(tok, ids)
+    assert "".join(pieces) == " 日本" and all(p in ("", " 日", "本") for p in pieces)
+    assert decode_tokens(tok, ids[:1]) == [""]  # an unfinished character shows as nothing, not mojibake
 
 
 # -- progress --------------------------------------------------------------------------------------
