@@ -1,14 +1,21 @@
-"""`compare_logprobs`: how far apart two sets of response logprobs are.
+"""`compare_logprobs`: how far apart two sets of response logprobs are; `LogprobCheck`: a verdict.
 
 Owns: the comparison over real response positions only (padding never counts; NaN, i.e. "not
 returned", is counted apart instead of compared; equal infinities agree) and the check that two
-results hold the same response tokens. Knows nothing about servers or how the logprobs were made:
-sampled and re-scored (`Engine.check_logprobs`), two engines, or a trainer's own forward pass; a
-`Rollouts` is read only through its public tensors (`logprobs`, `response_mask`, `response_ids`).
+results hold the same response tokens; which sampling parameters make sampled logprobs differ from
+raw-logit ones (`not_comparable_reason`); and `LogprobCheck`, the verdict of a comparison against
+its bounds, with a readable repr and HTML. Knows nothing about servers or how the logprobs were
+made: sampled and re-scored (`Engine.check_logprobs`), two engines, or a trainer's own forward
+pass; a `Rollouts` is read only through its public tensors (`logprobs`, `response_mask`,
+`response_ids`).
 """
 
 from __future__ import annotations
 
+import html
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,7 +23,10 @@ if TYPE_CHECKING:
 
     from ._results import Rollouts
 
-__all__ = ["compare_logprobs"]
+__all__ = ["LogprobCheck", "check_verdict", "compare_logprobs", "not_comparable_reason"]
+
+# SGLang rewrites temperatures below this to greedy (temperature 1, top_k 1).
+_GREEDY_EPS = 1e-6
 
 
 def compare_logprobs(
@@ -74,3 +84,82 @@ def compare_logprobs(
         "first_token_max_abs_diff": float(first.max()) if first.numel() else 0.0,
         "n_missing": int(missing.sum()),
     }
+
+
+def not_comparable_reason(sampling: Mapping[str, Any] | None) -> str | None:
+    """Why logprobs sampled with these SGLang sampling parameters differ from raw-logit ones; None
+    when they do not (or when `sampling` is unknown, e.g. mixed rollouts: then they are compared).
+
+    SGLang reports `log_softmax(logits / temperature)` after penalties and logit bias, before
+    top-p/top-k/min-p filtering; greedy requests run at temperature 1 (docs/sglang-api.md, 1.6).
+    """
+    if not sampling or sampling.get("score"):
+        return None
+    temperature = float(sampling.get("temperature", 1.0))
+    greedy = temperature < _GREEDY_EPS or sampling.get("top_k") == 1
+    if not greedy and abs(temperature - 1.0) > _GREEDY_EPS:
+        return f"not comparable: sampled at temperature {temperature:g}; re-score compares raw logits"
+    for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0)):
+        value = sampling.get(name, neutral)
+        if value != neutral:
+            return f"not comparable: sampled with {name}={value:g}, which shifts the sampled logprobs; re-score compares raw logits"
+    if sampling.get("logit_bias"):
+        return "not comparable: sampled with logit_bias, which shifts the sampled logprobs; re-score compares raw logits"
+    return None
+
+
+@dataclass(frozen=True)
+class LogprobCheck:
+    """The verdict of `Engine.check_logprobs`: sampled logprobs against a re-score of the same tokens.
+
+    `passed` is True when both differences are within their bounds, False when not, and None when
+    the two are not comparable (`reason` says why; nothing was re-scored and the numbers are NaN).
+    """
+
+    passed: bool | None
+    reason: str | None            # why the logprobs are not comparable; None when they are
+    max_abs_diff: float
+    mean_abs_diff: float
+    n_tokens: int                 # response tokens compared
+    first_token_max_abs_diff: float
+    n_missing: int                # response tokens without a logprob on either side
+    max_diff: float               # the bound on max_abs_diff
+    mean_diff: float              # the bound on mean_abs_diff
+
+    @property
+    def verdict(self) -> str:
+        """One line: passed / FAILED with the numbers and bounds, or why not comparable."""
+        if self.passed is None:
+            return str(self.reason)
+        numbers = (f"max |diff| {self.max_abs_diff:.3g} (bound {self.max_diff:g}), "
+                   f"mean {self.mean_abs_diff:.3g} (bound {self.mean_diff:g}) over {self.n_tokens} tokens")
+        missing = f", {self.n_missing} without a logprob" if self.n_missing else ""
+        if self.passed:
+            return f"passed: {numbers}{missing}"
+        return (f"FAILED: {numbers}{missing}; the sampled logprobs are not those of the model's logits "
+                f"for these tokens (a weight mismatch or misaligned logprobs)")
+
+    def __repr__(self) -> str:
+        return f"<LogprobCheck {self.verdict}>"
+
+    def _repr_html_(self) -> str:
+        color = {True: "#1a7f37", False: "#cf222e", None: "#9a6700"}[self.passed]
+        head = {True: "passed", False: "FAILED", None: "not comparable"}[self.passed]
+        return (f"<div><b style='color:{color}'>check_logprobs: {head}</b> "
+                f"<span>{html.escape(self.verdict)}</span></div>")
+
+
+def check_verdict(diffs: Mapping[str, float | int] | None, *, reason: str | None, max_diff: float,
+                  mean_diff: float) -> LogprobCheck:
+    """A `LogprobCheck` from `compare_logprobs`' dict and the bounds; `diffs` None when not comparable."""
+    if diffs is None:
+        nan = math.nan
+        return LogprobCheck(passed=None, reason=reason, max_abs_diff=nan, mean_abs_diff=nan, n_tokens=0,
+                            first_token_max_abs_diff=nan, n_missing=0, max_diff=max_diff, mean_diff=mean_diff)
+    passed = diffs["max_abs_diff"] <= max_diff and diffs["mean_abs_diff"] <= mean_diff
+    return LogprobCheck(
+        passed=bool(passed), reason=reason, max_abs_diff=float(diffs["max_abs_diff"]),
+        mean_abs_diff=float(diffs["mean_abs_diff"]), n_tokens=int(diffs["n_tokens"]),
+        first_token_max_abs_diff=float(diffs["first_token_max_abs_diff"]), n_missing=int(diffs["n_missing"]),
+        max_diff=max_diff, mean_diff=mean_diff,
+    )

@@ -453,21 +453,76 @@ def test_score_returns_the_logprobs_of_given_completions(engine) -> None:
 def test_rollout_logprobs_match_a_rescore_of_the_same_tokens(engine) -> None:
     rollouts = engine.generate(CAPITAL, n=2, max_new_tokens=16, temperature=1.0)
     report = engine.check_logprobs(rollouts)
-    assert report["n_tokens"] == int(rollouts.df.completion_tokens.sum())
+    assert report.passed is True and report.verdict.startswith("passed"), report
+    assert report.n_tokens == int(rollouts.df.completion_tokens.sum())
     # fp32 on the CPU: prefill and decode agree to float error. In bf16 a logit of ~20 is rounded
     # to steps of 0.125, so single tokens differ by a few tenths (0.30 seen on the H200); the mean
     # stays small. A misaligned comparison (off by one token) is off by nats, checked below.
     if BACKEND == "cpu":
-        assert report["max_abs_diff"] < 1e-3, report
+        assert report.max_abs_diff < 1e-3 and report.max_diff == 1e-3, report
     else:
-        assert report["mean_abs_diff"] < 0.05 and report["max_abs_diff"] < 1.0, report
+        assert report.mean_abs_diff < 0.05 and report.max_abs_diff < 1.0, report
     lp, mask = rollouts.logprobs, rollouts.response_mask
     shifted = torch.zeros_like(lp)
     shifted[:, :-1] = lp[:, 1:]
     both = torch.zeros_like(mask)
     both[:, :-1] = mask[:, :-1] & mask[:, 1:]
     misaligned = rlgen.compare_logprobs(shifted, lp, mask=both)
-    assert misaligned["mean_abs_diff"] > 10 * max(report["mean_abs_diff"], 1e-3), (misaligned, report)
+    assert misaligned["mean_abs_diff"] > 10 * max(report.mean_abs_diff, 1e-3), (misaligned, report)
+    assert engine.check_logprobs(rollouts, max_diff=0.0, mean_diff=0.0).passed in (True, False)
+
+
+def test_check_logprobs_says_rollouts_sampled_at_another_temperature_are_not_comparable(engine) -> None:
+    rollouts = engine.generate(CAPITAL, n=2, max_new_tokens=4, temperature=0.3)
+    report = engine.check_logprobs(rollouts)
+    assert report.passed is None
+    assert "not comparable: sampled at temperature 0.3; re-score compares raw logits" in repr(report)
+    assert "not comparable" in report._repr_html_()
+
+
+def test_greedy_rollouts_are_comparable_and_identical_samples_are_scored_once(engine, monkeypatch) -> None:
+    rollouts = engine.generate(CAPITAL, n=4, max_new_tokens=8, temperature=0.0)
+    sent: list[int] = []
+    real = rlgen._engine.run_generate
+
+    async def counting(client, job, **kwargs):
+        sent.append(len(job.prompt_ids))
+        return await real(client, job, **kwargs)
+
+    monkeypatch.setattr(rlgen._engine, "run_generate", counting)
+    assert engine.check_logprobs(rollouts).passed is True
+    assert sent == [len(set(map(tuple, rollouts.id_lists("response"))))] == [1]
+
+
+def test_score_of_rollouts_matches_the_sampled_logprobs_at_temperature_1_and_aligns_with_their_tensors(engine) -> None:
+    rollouts = engine.generate(["Count: 1, 2,", "The capital of France is"], n=2, max_new_tokens=12, temperature=1.0)
+    scored = engine.score(rollouts)
+    t, s = rollouts.tensors(), scored.tensors()
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs"):
+        assert s[name].shape == t[name].shape, name
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):
+        assert torch.equal(s[name], t[name]), name
+    mask = t["response_mask"]
+    tol = 1e-3 if BACKEND == "cpu" else 1.0
+    assert (s["logprobs"][mask] - t["logprobs"][mask]).abs().max() < tol
+    assert (s["logprobs"][~mask] == 0).all() and scored.df.finish_reason.eq("score").all()
+
+
+def test_a_text_completion_is_scored_without_the_eos_that_score_of_rollouts_includes(engine) -> None:
+    rollouts = engine.generate(CAPITAL, max_new_tokens=64, temperature=0.0)
+    assert rollouts.df.finish_reason[0] == "stop", "the greedy answer should end with EOS"
+    ids = rollouts.id_lists("response")[0]
+    eos = ids[-1]
+    by_rollouts = engine.score(rollouts)
+    by_text = engine.score(CAPITAL, [rollouts.df.completion[0]])
+    assert by_rollouts.id_lists("response")[0] == ids
+    assert eos not in by_text.id_lists("response")[0]
+    with_eos = by_rollouts.df.logprob_sum[0]
+    eos_lp = float(by_rollouts.logprobs[0, len(ids) - 1])
+    if by_text.id_lists("response")[0] == ids[:-1]:  # the text re-tokenizes to the sampled ids
+        assert abs(by_text.df.logprob_sum[0] - (with_eos - eos_lp)) < 1e-3
+    with pytest.raises(ValueError, match="pass no completions"):
+        engine.score(rollouts, ["x"])
 
 
 def test_a_seed_with_n_gives_distinct_samples_that_a_rerun_reproduces(engine) -> None:
