@@ -469,7 +469,6 @@ def test_rollout_logprobs_match_a_rescore_of_the_same_tokens(engine) -> None:
     both[:, :-1] = mask[:, :-1] & mask[:, 1:]
     misaligned = rlgen.compare_logprobs(shifted, lp, mask=both)
     assert misaligned["mean_abs_diff"] > 10 * max(report.mean_abs_diff, 1e-3), (misaligned, report)
-    assert engine.check_logprobs(rollouts, max_diff=0.0, mean_diff=0.0).passed in (True, False)
 
 
 def test_check_logprobs_says_rollouts_sampled_at_another_temperature_are_not_comparable(engine) -> None:
