@@ -208,6 +208,7 @@ def math_rows(rows: int, *, seed: int = 0) -> tuple[list[str], list[str], Counte
 class CpuMark(NamedTuple):
     wall: float
     ours_s: float | None     # this process + its children (workers), user + system
+    own_s: float | None      # this process alone
     busy: int | None         # /proc/stat jiffies, all CPUs
     total: int | None
 
@@ -243,20 +244,21 @@ def cpu_mark() -> CpuMark:
             jiffies = [int(x) for x in fh.readline().split()[1:]]
         idle = jiffies[3] + jiffies[4]  # idle + iowait
         total = sum(jiffies[:8])        # guest time is already in user
-        return CpuMark(now, ours, total - idle, total)
+        return CpuMark(now, ours, own.ru_utime + own.ru_stime, total - idle, total)
     except (OSError, ValueError, IndexError):
-        return CpuMark(now, None, None, None)
+        return CpuMark(now, None, None, None, None)
 
 
 def cpu_between(a: CpuMark, b: CpuMark) -> dict[str, float | None]:
-    """CPU seconds of this process and its workers; the machine's busy cores and those busy with
-    other work (everything but ours), averaged over the interval."""
-    if a.ours_s is None or b.ours_s is None or a.busy is None or b.busy is None or not b.total or not a.total:
-        return {"ours_cpu_s": None, "busy_cores": None, "others_cores": None}
+    """CPU seconds of this process and its workers, and of this process alone; the machine's busy
+    cores and those busy with other work (everything but ours), averaged over the interval."""
+    if (a.ours_s is None or b.ours_s is None or a.own_s is None or b.own_s is None or a.busy is None
+            or b.busy is None or not b.total or not a.total):
+        return {"ours_cpu_s": None, "parent_cpu_s": None, "busy_cores": None, "others_cores": None}
     wall = b.wall - a.wall
     ours = b.ours_s - a.ours_s
     busy = (os.cpu_count() or 1) * (b.busy - a.busy) / max(1, b.total - a.total)
-    return {"ours_cpu_s": ours, "busy_cores": busy, "others_cores": max(0.0, busy - ours / wall) if wall > 0 else None}
+    return {"ours_cpu_s": ours, "parent_cpu_s": b.own_s - a.own_s, "busy_cores": busy, "others_cores": max(0.0, busy - ours / wall) if wall > 0 else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,9 +420,10 @@ def scenario_table(title: str, per: dict[str, Any]) -> None:
                      C.fmt(C.median_or_none(seconds), ".3f"), _interval(seconds),
                      C.fmt(min(seconds, default=None), ".3f"), C.fmt(max(seconds, default=None), ".3f"),
                      C.fmt(C.median_or_none([r["ours_cpu_s"] for r in runs]), ".2f"),
+                     C.fmt(C.median_or_none([r.get("parent_cpu_s") for r in runs]), ".2f"),
                      C.fmt(C.median_or_none([r["others_cores"] for r in runs]), ".2f")])
     C.print_table(title, ["scenario", "runs", "wrong", "median s", "90% interval", "min s", "max s",
-                          "our CPU s", "others' cores"], rows)
+                          "our CPU s", "this process", "others' cores"], rows)
 
 
 def report(record: C.Record) -> None:
@@ -467,12 +470,16 @@ def report(record: C.Record) -> None:
             targets.check_interval(f"math-verify speed-up, inline / {name} ({c['runs'][0]} vs {c['runs'][1]} runs, "
                                    f"p = {C.fmt(c['p'], '.3f')})", c["ratio"], c["interval"], bound,
                                    wrong=_wrong(math_runs, ["math_inline", name]))
-        inline_cpu = C.median_or_none([r["ours_cpu_s"] for r in math_runs["math_inline"]["runs"]])
-        warm_cpu = C.median_or_none([r["ours_cpu_s"] for r in math_runs["math_warm"]["runs"]])
-        warm_s = C.median_or_none([r["seconds"] for r in math_runs["math_warm"]["runs"]])
-        if inline_cpu and warm_cpu and warm_s:
-            print(f"\n  CPU: inline {inline_cpu:.2f} s, warm pool {warm_cpu:.2f} s (this process and its workers), "
-                  f"i.e. {warm_cpu / warm_s:.2f} cores busy for us during math_warm (of {cores})", flush=True)
+        print("\nWhere the cores went (medians over runs)", flush=True)
+        for name in MATH:
+            runs = math_runs[name]["runs"]
+            cpu, parent, wall, others = (C.median_or_none([r.get(k) for r in runs])
+                                         for k in ("ours_cpu_s", "parent_cpu_s", "seconds", "others_cores"))
+            if cpu is None or wall is None:
+                continue
+            per_run = C.median_or_none([r["ours_cpu_s"] / r["seconds"] for r in runs if r.get("ours_cpu_s")])
+            print(f"  {name}: {cpu:.2f} CPU s (this process {C.fmt(parent, '.2f')}), {per_run:.2f} of {cores} cores "
+                  f"busy for us, {C.fmt(others, '.2f')} with other work", flush=True)
     record["comparisons"] = comparisons
     record["targets"] = targets.rows
     made = record.data.get("math_made")
