@@ -28,6 +28,8 @@ default 9):
     math_fresh    mode="process" after close_pools(): start-up, and each worker's imports of rlgen
                   and math-verify, included
     math_warm     mode="process" on workers that scored math-verify rows just before (untimed)
+    math_one      as math_warm with workers=1 (no target): whether a row costs a worker more CPU
+                  than it costs inline, apart from our own two workers contending for the cores
 
 Every run is checked: the trivial scenarios must score every row "ok" with its length (the
 hanging ones: exactly the hanging row "timeout", every other row "ok"); math-verify's runs must
@@ -69,7 +71,7 @@ from rlgen._reward_exec import Call, Mode, Outcome, close_pools, run_calls
 from rlgen.rewards import math_verify_reward
 
 TRIVIAL = ("inline", "fresh", "warm", "hang_fresh", "hang_warm", "calls_inline", "calls_warm")
-MATH = ("math_inline", "math_fresh", "math_warm")
+MATH = ("math_inline", "math_fresh", "math_warm", "math_one")
 SAMPLES_PER_PROMPT = 4
 OVERHEAD_BOUND_S = 1.5
 HANG_BOUND_S = 3.0
@@ -347,16 +349,16 @@ def math_scenarios(res: Rollouts, reference: Rollouts, workers: int) -> dict[str
     def warm() -> None:
         warm_pool(math_verify_reward, tuple(first), workers=workers)
 
-    def scored(mode: Mode) -> Callable[[], Rollouts]:
-        return lambda: res.add_rewards({"math": math_verify_reward}, mode=mode,
-                                       workers=workers if mode == "process" else None, progress=False)
+    def scored(mode: Mode, n: int | None = None) -> Callable[[], Rollouts]:
+        return lambda: res.add_rewards({"math": math_verify_reward}, mode=mode, workers=n, progress=False)
 
     def same(out: Rollouts) -> tuple[dict[str, int], str | None]:
         return check_columns(out, "math", status, value)
 
     return {"math_inline": Scenario(_nothing, scored("inline"), same),
-            "math_fresh": Scenario(close_pools, scored("process"), same),
-            "math_warm": Scenario(warm, scored("process"), same)}
+            "math_fresh": Scenario(close_pools, scored("process", workers), same),
+            "math_warm": Scenario(warm, scored("process", workers), same),
+            "math_one": Scenario(warm, scored("process", 1), same)}
 
 
 def timed(scenario: Scenario) -> dict[str, Any]:
@@ -470,8 +472,15 @@ def report(record: C.Record) -> None:
             targets.check_interval(f"math-verify speed-up, inline / {name} ({c['runs'][0]} vs {c['runs'][1]} runs, "
                                    f"p = {C.fmt(c['p'], '.3f')})", c["ratio"], c["interval"], bound,
                                    wrong=_wrong(math_runs, ["math_inline", name]))
+        one = comparisons["math_inline / math_one"] = C.compare(math_runs, "math_inline", ["math_one"], key="seconds")
+        if one["ratio"] is not None:
+            shown = f" [{one['interval'][0]:.3f}-{one['interval'][1]:.3f}]" if one["interval"] else ""
+            print(f"  (not a target) inline / one worker: {one['ratio']:.3f}x{shown}, p = {C.fmt(one['p'], '.3f')}",
+                  flush=True)
         print("\nWhere the cores went (medians over runs)", flush=True)
         for name in MATH:
+            if name not in math_runs:
+                continue
             runs = math_runs[name]["runs"]
             cpu, parent, wall, others = (C.median_or_none([r.get(k) for r in runs])
                                          for k in ("ours_cpu_s", "parent_cpu_s", "seconds", "others_cores"))
