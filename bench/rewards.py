@@ -428,6 +428,34 @@ def scenario_table(title: str, per: dict[str, Any]) -> None:
                           "our CPU s", "this process", "others' cores"], rows)
 
 
+def math_by_round(per: dict[str, Any], comparisons: dict[str, Any]) -> None:
+    """Each round's own inline / process ratios, beside the other work measured during its inline run.
+
+    Not the verdict (that is `compare` on the pooled runs): the machine's other load drifts over
+    minutes, and the runs of one round stand closest in time, so these show how the speed-up
+    follows the cores left to us.
+    """
+    inline = {r["repeat"]: r for r in per["math_inline"]["runs"]}
+    others = [name for name in MATH if name != "math_inline" and name in per]
+    rounds = {name: {r["repeat"]: r for r in per[name]["runs"]} for name in others}
+    rows = []
+    for k in sorted(inline):
+        rows.append([str(k + 1), C.fmt(inline[k]["seconds"], ".2f"), C.fmt(inline[k]["others_cores"], ".2f"),
+                     *(f"{inline[k]['seconds'] / rounds[name][k]['seconds']:.2f} "
+                       f"({C.fmt(rounds[name][k]['others_cores'], '.2f')})" if k in rounds[name] else "-"
+                       for name in others)])
+    C.print_table("math-verify, round by round: inline seconds, inline / each process run (others' cores during it)",
+                  ["round", "inline s", "others' cores", *(f"/ {name}" for name in others)], rows)
+    for name in others:
+        ratios = [inline[k]["seconds"] / rounds[name][k]["seconds"] for k in sorted(inline) if k in rounds[name]]
+        interval = C.bootstrap_median(ratios)
+        comparisons[f"math_inline / {name}, paired by round"] = {
+            "ratios": ratios, "median": C.median_or_none(ratios), "interval": interval}
+        shown = f" [{interval[0]:.3f}-{interval[1]:.3f}]" if interval else ""
+        print(f"  paired by round, inline / {name}: median {C.fmt(C.median_or_none(ratios), '.3f')}x{shown}",
+              flush=True)
+
+
 def report(record: C.Record) -> None:
     phases: dict[str, dict[str, Any]] = record["phases"]
     rows, cores = record["rows"], record["environment"]["cpu_count"] or 1
@@ -477,6 +505,7 @@ def report(record: C.Record) -> None:
             shown = f" [{one['interval'][0]:.3f}-{one['interval'][1]:.3f}]" if one["interval"] else ""
             print(f"  (not a target) inline / one worker: {one['ratio']:.3f}x{shown}, p = {C.fmt(one['p'], '.3f')}",
                   flush=True)
+        math_by_round(math_runs, comparisons)
         print("\nWhere the cores went (medians over runs)", flush=True)
         for name in MATH:
             if name not in math_runs:
