@@ -1,4 +1,4 @@
-"""Shared pieces of the GPU benchmarks (`throughput.py`, `startup.py`, `scaling.py`).
+"""Shared pieces of the GPU benchmarks (`throughput.py`, `startup.py`, `scaling.py`) and of `rewards.py`.
 
 Not a benchmark itself. It holds what more than one script needs, so that they measure alike:
 
@@ -18,7 +18,8 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
   shuffled order, with a cache flush and a GC collection before each timed run; a failing method is
   recorded and dropped while the others go on; medians of generated tokens/s;
 - `compare`: one method against others' pooled runs (ratio of medians, 90% bootstrap interval,
-  rank test, and the split at the server), which the scripts' verdicts use;
+  rank test, and the split at the server), which the scripts' verdicts use; `compare_difference`,
+  the same for a difference of medians (the seconds a cost adds); both rest on `bootstrap_medians`;
 - `nvidia-smi` readings (memory used / total; per process: `rlgen._process_tree.gpu_memory_mib`) and
   plain-text tables.
 
@@ -33,6 +34,7 @@ import gc
 import http.client
 import json
 import math
+import operator
 import os
 import platform
 import random
@@ -669,11 +671,12 @@ def runs_of(per_method: dict[str, Any], names: list[str], key: str) -> list[floa
     return [r[key] for name in names for r in (per_method.get(name) or {}).get("runs", []) if r.get(key) is not None]
 
 
-def compare(per_method: dict[str, Any], ours: str, theirs: list[str]) -> dict[str, Any]:
-    """median(ours) / median(theirs) in tokens/s, its 90% bootstrap interval and a rank test; and the
-    same two sides split into the server's time and the time outside it."""
-    x, y = runs_of(per_method, [ours], "tok_s"), runs_of(per_method, theirs, "tok_s")
-    out: dict[str, Any] = {"ours": ours, "theirs": theirs, "runs": [len(x), len(y)],
+def compare(per_method: dict[str, Any], ours: str, theirs: list[str], *, key: str = "tok_s") -> dict[str, Any]:
+    """median(ours) / median(theirs) of `key` (tokens/s unless told), its 90% bootstrap interval and a
+    rank test; and, where the runs say, the same two sides split into the server's time and the time
+    outside it."""
+    x, y = runs_of(per_method, [ours], key), runs_of(per_method, theirs, key)
+    out: dict[str, Any] = {"ours": ours, "theirs": theirs, "key": key, "runs": [len(x), len(y)],
                            "ratio": ratio(median_or_none(x), median_or_none(y)),
                            # fewer than 3 runs a side: no interval to judge on
                            "interval": bootstrap_ratio(x, y) if min(len(x), len(y)) >= 3 else None,
@@ -689,6 +692,18 @@ def compare(per_method: dict[str, Any], ours: str, theirs: list[str]) -> dict[st
                    # the same server time, ours spending `extra` more outside it
                    ratio_from_outside=wall_y / (wall_y + extra) if wall_y else None)  # type: ignore[operator]
     return out
+
+
+def compare_difference(per_method: dict[str, Any], ours: str, theirs: list[str], *,
+                       key: str = "seconds") -> dict[str, Any]:
+    """median(ours) - median(theirs) of `key` (seconds unless told), its 90% bootstrap interval and a
+    rank test: `compare` for a cost that adds (what a pool or a hung call costs on top of a run)."""
+    x, y = runs_of(per_method, [ours], key), runs_of(per_method, theirs, key)
+    mx, my = median_or_none(x), median_or_none(y)
+    return {"ours": ours, "theirs": theirs, "key": key, "runs": [len(x), len(y)],
+            "difference": mx - my if mx is not None and my is not None else None,
+            "interval": bootstrap_difference(x, y) if min(len(x), len(y)) >= 3 else None,
+            "p": rank_test_p(x, y)}
 
 
 def rank_test_p(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -718,18 +733,38 @@ def rank_test_p(x: Sequence[float], y: Sequence[float]) -> float | None:
     return min(1.0, math.erfc(max(z, 0.0) / 2 ** 0.5))
 
 
-def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, level: float = 0.9, draws: int = 4000,
-                    seed: int = 0) -> tuple[float, float] | None:
-    """A percentile bootstrap interval for median(num) / median(den), each side resampled on its own."""
-    if not num or not den:
+def bootstrap_medians(a: Sequence[float], b: Sequence[float], combine: Callable[[float, float], float], *,
+                      level: float = 0.9, draws: int = 4000, seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval for combine(median(a), median(b)), each side resampled on its own."""
+    if not a or not b:
         return None
     rng = random.Random(seed)
-    ratios = sorted(
-        statistics.median(rng.choices(num, k=len(num))) / statistics.median(rng.choices(den, k=len(den)))
+    values = sorted(
+        combine(statistics.median(rng.choices(a, k=len(a))), statistics.median(rng.choices(b, k=len(b))))
         for _ in range(draws)
     )
     tail = (1 - level) / 2
-    return ratios[int(tail * draws)], ratios[min(draws - 1, int((1 - tail) * draws))]
+    return values[int(tail * draws)], values[min(draws - 1, int((1 - tail) * draws))]
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, level: float = 0.9, draws: int = 4000,
+                    seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval for median(num) / median(den), each side resampled on its own."""
+    return bootstrap_medians(num, den, operator.truediv, level=level, draws=draws, seed=seed)
+
+
+def bootstrap_difference(a: Sequence[float], b: Sequence[float], *, level: float = 0.9, draws: int = 4000,
+                         seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval for median(a) - median(b), each side resampled on its own."""
+    return bootstrap_medians(a, b, operator.sub, level=level, draws=draws, seed=seed)
+
+
+def bootstrap_median(values: Sequence[float], *, level: float = 0.9, draws: int = 4000,
+                     seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval for median(values) alone; None from fewer than 3 values."""
+    if len(values) < 3:
+        return None
+    return bootstrap_medians(values, [1.0], lambda m, _: m, level=level, draws=draws, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -802,21 +837,33 @@ class Targets:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def check_interval(self, name: str, value: float | None, interval: tuple[float, float] | None,
-                       bound: float) -> None:
-        """`value >= bound`, judged on its interval: PASS if all of it is at or above the bound, FAIL if
-        all of it is below, NOISE if it straddles the bound (the runs cannot tell)."""
+                       bound: float, *, op: str = ">=", unit: str = "x", wrong: str | None = None) -> None:
+        """`value >= bound` (or `value < bound`, op="<"), judged on its interval: PASS if all of it is on
+        the bound's right side, FAIL if all of it is on the wrong side, NOISE if it straddles the bound
+        (the runs cannot tell). `wrong`: what made the measured thing itself wrong (e.g. a row scored
+        wrongly): then FAIL, whatever the numbers."""
+        if op not in (">=", "<"):
+            raise ValueError(f"op must be '>=' or '<', got {op!r}")
         if value is None or interval is None:
             ok, word = None, "n/a"  # not measured, or too few runs for an interval
         else:
             lo, hi = interval
-            ok = True if lo >= bound else (False if hi < bound else None)
+            if op == ">=":
+                ok = True if lo >= bound else (False if hi < bound else None)
+            else:
+                ok = True if hi < bound else (False if lo >= bound else None)
             word = verdict(ok) if ok is not None else "NOISE"
-        self.rows.append({"target": name, "value": value, "interval": interval, "op": ">=", "bound": bound,
-                          "ok": ok, "verdict": word})
-        shown = "not measured" if value is None else f"{value:.3f}x"
+        if wrong is not None:
+            ok, word = False, "FAIL"
+        self.rows.append({"target": name, "value": value, "interval": interval, "op": op, "bound": bound,
+                          "unit": unit, "ok": ok, "verdict": word, "wrong": wrong})
+        sep = "" if unit == "x" else " "
+        shown = "not measured" if value is None else f"{value:.3f}{sep}{unit}"
         if interval is not None:
             shown += f" [90% interval {interval[0]:.3f}-{interval[1]:.3f}]"
-        print(f"  {word:5s} {name}: {shown} (target >= {bound:g}x)", flush=True)
+        if wrong is not None:
+            shown += f"; wrong: {wrong}"
+        print(f"  {word:5s} {name}: {shown} (target {op} {bound:g}{sep}{unit})", flush=True)
 
     def check(self, name: str, value: float | None, op: str, bound: float, unit: str = "") -> None:
         ok = None if value is None else (value >= bound if op == ">=" else value <= bound)

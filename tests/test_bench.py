@@ -35,6 +35,52 @@ def test_the_bootstrap_interval_holds_the_ratio_of_medians_and_is_reproducible()
     assert C.bootstrap_ratio([], den) is None
 
 
+def test_the_ratio_interval_is_what_it_was_before_the_bootstraps_were_folded_into_one() -> None:
+    # Values from bootstrap_ratio's own loop before bootstrap_medians existed: saved runs re-report alike.
+    assert C.bootstrap_ratio([1.0, 1.1, 0.9, 1.05, 0.95], [2.0, 2.1, 1.9, 2.05, 1.95]) == (0.45238095238095233, 0.55)
+    assert C.bootstrap_ratio([3.0, 1.0, 2.0, 5.0], [1.0, 2.0, 2.5]) == (0.6, 3.5)
+
+
+def test_the_difference_and_single_median_intervals_hold_their_medians() -> None:
+    a, b = [3.0, 3.2, 2.9, 3.1, 3.05], [1.0, 1.1, 0.9, 1.05, 0.95]
+    lo, hi = C.bootstrap_difference(a, b)
+    assert lo <= statistics.median(a) - statistics.median(b) <= hi
+    assert 1.7 < lo < hi < 2.4
+    assert C.bootstrap_difference([], b) is None
+    lo, hi = C.bootstrap_median(b)
+    assert min(b) <= lo <= statistics.median(b) <= hi <= max(b)
+    assert C.bootstrap_median([1.0, 2.0]) is None  # too few to resample
+
+
+def test_compare_reads_any_key_and_compare_difference_subtracts_medians() -> None:
+    per = {"slow": {"runs": [{"seconds": s} for s in (2.0, 2.2, 1.9)]},
+           "fast": {"runs": [{"seconds": s} for s in (1.0, 1.1, 0.9)]}}
+    c = C.compare(per, "slow", ["fast"], key="seconds")
+    assert c["ratio"] == pytest.approx(2.0) and c["key"] == "seconds" and c["interval"] is not None
+    d = C.compare_difference(per, "slow", ["fast"])
+    assert d["difference"] == pytest.approx(1.0) and d["runs"] == [3, 3]
+    assert d["interval"][0] <= 1.0 <= d["interval"][1]
+    assert C.compare_difference({"slow": per["slow"]}, "slow", ["fast"])["difference"] is None
+
+
+@pytest.mark.parametrize("interval, verdict", [
+    ((1.0, 1.4), "PASS"), ((1.6, 2.0), "FAIL"), ((1.2, 1.7), "NOISE"), ((1.5, 1.6), "FAIL"), (None, "n/a"),
+])
+def test_an_upper_bound_target_passes_below_it_and_fails_at_or_above_it(interval, verdict, capsys) -> None:
+    targets = C.Targets()
+    targets.check_interval("cost", 1.3, interval, 1.5, op="<", unit="s")
+    assert targets.rows[0]["verdict"] == verdict
+    out = capsys.readouterr().out
+    assert out.split()[0] == verdict and "(target < 1.5 s)" in out
+
+
+def test_a_wrong_outcome_fails_a_target_whatever_its_numbers(capsys) -> None:
+    targets = C.Targets()
+    targets.check_interval("hang", 1.1, (1.0, 1.2), 3.0, op="<", unit="s", wrong="row 7 was 'error'")
+    assert targets.rows[0]["verdict"] == "FAIL" and targets.rows[0]["ok"] is False
+    assert "row 7 was 'error'" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("interval, verdict", [
     ((0.96, 1.10), "PASS"), ((0.80, 0.94), "FAIL"), ((0.90, 1.00), "NOISE"), (None, "n/a"),
 ])
