@@ -408,14 +408,15 @@ class Engine:
             )
 
     @contextlib.contextmanager
-    def _progress_bar(self, job: GenerateJob, progress: bool | None) -> Iterator[Callable[[int], Any]]:
+    def _progress_bar(self, job: GenerateJob, progress: bool | None, *, desc: str = "generate",
+                      unit: str = "sample") -> Iterator[Callable[[int], Any]]:
         from ._display import progress_bar
 
         show = self._progress if progress is None else progress
         # A bar for a handful of samples is noise: auto mode shows it from 2 chunks on.
         if show is None and job.n_samples <= job.chunk_size:
             show = False
-        bar = progress_bar(total=job.n_samples, progress=show, desc="generate", unit="sample")
+        bar = progress_bar(total=job.n_samples, progress=show, desc=desc, unit=unit)
         try:
             yield bar.update
         finally:
@@ -564,7 +565,6 @@ class Engine:
         Identical (prompt, completion) pairs are prefilled once. An empty completion gets an entry
         with no tokens, without a request.
         """
-        from ._display import progress_bar
         from ._response_arrays import scored_entry
 
         self._check_ready()
@@ -588,14 +588,8 @@ class Engine:
             stream=False, chunk_size=chunk_size, max_in_flight=max_in_flight,
             per_prompt={"logprob_start_len": [len(prompt_ids[i]) - 1 for i in todo]},
         )
-        show = self._progress if progress is None else progress
-        if show is None and len(todo) <= chunk_size:
-            show = False  # a bar for a single chunk is noise
-        bar = progress_bar(total=len(todo), progress=show, desc="score", unit="row")
-        try:
-            _loop.run_sync(run_generate(self._client, job, on_progress=bar.update))
-        finally:
-            bar.close()
+        with self._progress_bar(job, progress, desc="score", unit="row") as advance:
+            _loop.run_sync(run_generate(self._client, job, on_progress=advance))
         answers = dict(zip(todo, job.results))
         entries = []
         for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
@@ -734,9 +728,9 @@ def _load_tokenizer(tokenizer: Any) -> Any:
 
 def _reserved_columns() -> tuple[str, ...]:
     """Columns generate() fills itself, which per-prompt data may not replace."""
-    from ._results import COLUMNS
+    from ._results import CLIENT_COLUMNS, COLUMNS
 
-    return (*COLUMNS, "ttft_s", "itl_s", "prompt_messages")
+    return (*COLUMNS, *CLIENT_COLUMNS)
 
 
 def _pad_id(tokenizer: Any) -> int:

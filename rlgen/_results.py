@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ._reward_summary import RewardSummary
     from ._rewards import RewardFunctions
 
-__all__ = ["COLUMNS", "Rollouts", "rollouts_from_responses"]
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "Rollouts", "rollouts_from_responses"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
 # rewards) come after them.
@@ -63,6 +63,9 @@ COLUMNS = (
     "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
     "request_latency_s", "weight_version", "rid", "error", "run", "row_id",
 )  # fmt: skip
+# Columns the client adds where they apply (streaming timings; a chat prompt's messages): rlgen's
+# own, like COLUMNS, but not every result has them. The rest of the extra columns are the user's.
+CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages")
 
 # Optional flat per-token fields, and the attribute each lives in.
 _FIELDS = ("logprobs", "top_logprobs", "top_ids", "token_texts", "prompt_logprobs")
@@ -632,6 +635,12 @@ class Rollouts:
     def has_logprobs(self) -> bool:
         """Whether any row has response logprobs."""
         return self._lp is not None
+
+    @property
+    def data_columns(self) -> list[str]:
+        """The df's columns that are the user's: per-prompt data and added columns (the extra
+        columns less the client's own: streaming timings, chat messages)."""
+        return [c for c in self.extra_columns if c not in CLIENT_COLUMNS]
 
     @property
     def extra_columns(self) -> list[str]:

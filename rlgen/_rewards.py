@@ -44,8 +44,6 @@ Mode = Literal["process", "thread", "inline"]  # checked by _options.RewardOptio
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns rlgen writes for each prompt group; a second add_rewards call replaces them.
 GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
-# Columns of a Rollouts that are not the user's own data (left out of TRL's **columns etc.).
-_OWN = frozenset({"prompt_messages", "ttft_s", "itl_s"})
 
 
 @dataclass(frozen=True)
@@ -186,7 +184,7 @@ def _styles(style: Style | Mapping[str, Style] | None, names: list[str]) -> dict
 def _row_batch(res: Rollouts) -> RowBatch:
     df = res.df
     columns = {c: df[c].tolist() for c in df.columns}
-    data_columns = [c for c in res.extra_columns if c not in _OWN and not _is_reward_column(c)]
+    data_columns = [c for c in res.data_columns if not _is_reward_column(c)]
     return RowBatch(
         columns=columns,
         completion_ids=res.id_lists("response"),

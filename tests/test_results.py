@@ -610,3 +610,11 @@ def test_importing_results_and_display_does_not_import_torch_or_pandas():
     code = "import sys, rlgen._results, rlgen._display; print([m for m in ('torch', 'pandas') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_data_columns_are_the_users_extra_columns_not_the_clients_own() -> None:
+    res = rollouts_from_responses([entry([1]), entry([2])], prompt_ids=[[1], [2]], pad_token_id=PAD,
+                                  extra={"ttft_s": [0.1, 0.2], "prompt_messages": [[], []]})
+    res = res.with_columns({"answer": ["4", "7"]})
+    assert res.extra_columns == ["ttft_s", "prompt_messages", "answer"]
+    assert res.data_columns == ["answer"]
