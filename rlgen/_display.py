@@ -12,25 +12,15 @@ from __future__ import annotations
 import colorsys
 import html
 import math
-import os
 import re
-import shutil
-import sys
-import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tqdm.std import tqdm as Tqdm
-
     from ._results import Rollouts
 
 __all__ = [
-    "PhaseLine",
     "engine_html",
-    "in_notebook",
     "logprob_color",
-    "progress_bar",
-    "progress_enabled",
     "rollouts_html",
     "short_repr",
 ]
@@ -165,6 +155,26 @@ def _alternatives(r: Rollouts, top_ids: Any) -> dict[int, str]:
     return texts
 
 
+# The prompt's last tokens drawn before the response: an off-by-one boundary shows here.
+_PROMPT_TAIL = 3
+_TAIL_STYLE = "color:#666;background:#f3f3f3;border:1px dashed #aaa;border-radius:3px"
+_BOUNDARY = '<span title="prompt | response" style="color:#c33;font-weight:bold">│</span>'
+
+
+def _prompt_tail_html(r: Rollouts, i: int) -> str:
+    """The prompt's last few tokens, grey and dashed (not part of the response), then "│"."""
+    ids = [int(t) for t in r.id_lists("prompt")[i][-_PROMPT_TAIL:]] if len(r) else []
+    if not ids:
+        return ""
+    pieces = _safe_decode(r, ids)
+    spans = []
+    for j, tid in enumerate(ids):
+        body = f"{tid} " if pieces is None else _piece_html(pieces[j], tid, None)
+        title = f"prompt token, id {tid}" + ("" if pieces is None else f" {pieces[j]!r}")
+        spans.append(f'<span style="{_TAIL_STYLE}" title="{html.escape(title)}">{body}</span>')
+    return '<span style="color:#888">…</span>' + "".join(spans) + _BOUNDARY
+
+
 def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
     tok = r.tokens(i)
     ids = [int(t) for t in tok["ids"][:max_tokens]]
@@ -175,13 +185,15 @@ def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
     top_lp = tok["top_logprobs"][:max_tokens] if tok["top_logprobs"] is not None else None
     top_ids = tok["top_ids"][:max_tokens] if tok["top_ids"] is not None else None
     alt_texts = _alternatives(r, top_ids) if top_ids is not None else {}
-    spans = []
+    spans = [_prompt_tail_html(r, i)]
     for j, tid in enumerate(ids):
         if pieces is None:  # no text at all: the ids themselves, the pad/EOS id as a tag
             body = f'<span style="{_TAG_STYLE}">{tid}</span> ' if tid == pad_id else f"{tid} "
         else:
             body = _piece_html(pieces[j], tid, pad_id)
-        title = f"id {tid}" if pieces is None else f"id {tid} {pieces[j]!r}"
+        title = f"response token {j}: id {tid}" if pieces is None else f"response token {j}: id {tid} {pieces[j]!r}"
+        if tid == pad_id:
+            title += f" (= pad id {pad_id}: response_mask keeps it; response_ids != {pad_id} would drop it)"
         style = ""
         if lps is not None:
             lp = float(lps[j])
@@ -206,7 +218,7 @@ def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
     # break-word also breaks a long run without spaces, so nothing runs off the right edge.
     return (
         '<div style="white-space:pre-wrap;word-break:break-word;overflow-wrap:anywhere;color:#111;'
-        f'line-height:1.5;text-align:left;min-width:16em">{body}</div>'
+        f'line-height:1.5;text-align:left;min-width:20em">{body}</div>'
     )
 
 
@@ -223,66 +235,142 @@ def _finish_cell(row: Any) -> str:
     return f'<span style="color:{colour}">{html.escape(text)}</span>'
 
 
+def _last_user_message(row: Any) -> str | None:
+    """The last user turn of a chat prompt (the part a reader wants), None for a plain prompt."""
+    messages = row.get("prompt_messages")
+    if not isinstance(messages, (list, tuple)) and not hasattr(messages, "__len__"):
+        return None
+    try:
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    except TypeError:
+        return None
+    return str(users[-1].get("content", "")) if users else None
+
+
+def _prompt_cell(row: Any, *, max_chars: int) -> str:
+    """The last user message (or the prompt's end), the full prompt one click away."""
+    prompt = row["prompt"]
+    full = prompt if isinstance(prompt, str) else f"({int(row['prompt_tokens'])} prompt tokens, given as ids)"
+    short = _last_user_message(row)
+    shown = _clip(short, max_chars) if short is not None else _clip(full, max_chars, tail=True)
+    label = f'<span style="color:#888">prompt {row["prompt_index"]}</span> '
+    if shown == full:
+        return f'<div class="rlgen-prompt">{label}{html.escape(shown)}</div>'
+    return (
+        f'<div class="rlgen-prompt">{label}{html.escape(shown)}<details><summary style="color:#888;cursor:pointer">'
+        f'full prompt ({len(full):,} chars)</summary><div style="white-space:pre-wrap;color:#444">'
+        f"{html.escape(_clip(full, 20_000, tail=True))}</div></details></div>"
+    )
+
+
+# Reward detail columns live in res.df; the view shows each reward's value, `reward`, `advantage`.
+_HIDDEN_SUFFIXES = ("_status", "_error", "_traceback", "_seconds")
+_HIDDEN = ("prompt_messages", "group_mean", "group_std", "group_zero_std", "reward", "advantage")
+_MAX_DATA_COLUMNS = 4
+
+
+def _view_columns(r: Rollouts) -> tuple[list[str], list[str]]:
+    """(columns shown before the completion, columns left out) among the extra ones."""
+    extra = [c for c in r.extra_columns if c not in _HIDDEN and not c.endswith(_HIDDEN_SUFFIXES)]
+    rewards = [c for c in extra if c.startswith("reward_")]
+    rest = [c for c in extra if not c.startswith("reward_")]
+    shown = rewards + [c for c in ("reward", "advantage") if c in r.df.columns] + rest[:_MAX_DATA_COLUMNS]
+    return shown, rest[_MAX_DATA_COLUMNS:]
+
+
+def _groups(df: Any) -> list[int]:
+    """For each row, how many rows its prompt cell spans: k on a group's first row, 0 after it."""
+    keys = list(zip(df["run"].tolist(), df["prompt_index"].tolist()))
+    spans = [0] * len(keys)
+    start = 0
+    for k in range(1, len(keys) + 1):
+        if k == len(keys) or keys[k] != keys[start]:
+            spans[start] = k - start
+            start = k
+    return spans
+
+
+def _mask_note(r: Rollouts, shown: Any) -> str:
+    """What the colours cover, and the pad = EOS trap when a shown response ends with the pad id."""
+    text = ("Coloured tokens are the response: response_ids where response_mask is 1 (the EOS included); "
+            "the dashed grey tokens before │ are the prompt's last tokens.")
+    ends = sum(1 for i in range(len(shown)) if len(r.tokens(i)["ids"]) and int(r.tokens(i)["ids"][-1]) == r.pad_token_id)
+    if ends:
+        text += (f" The pad id {r.pad_token_id} is also the last token of {ends} shown response{'s' if ends != 1 else ''}"
+                 f" (this model's EOS): mask with response_mask, not response_ids != {r.pad_token_id}, or the EOS is dropped.")
+    return f'<div style="color:#666;font-size:90%;margin-bottom:4px">{html.escape(text)}</div>'
+
+
+def _decode_note(r: Rollouts) -> str:
+    error = getattr(r.decode, "error", None)
+    if not isinstance(error, str):
+        return ""
+    return f'<div style="color:#c80;font-size:90%">Token ids shown: {html.escape(error)}.</div>'
+
+
 # Jupyter right-aligns and vertically centres table cells; token text reads left to right from
 # the top. JupyterLab's rule is `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity
 # 0,2,1); `.jp-RenderedHTMLCommon .rlgen-rollouts table td` (0,2,2) beats it wherever it applies,
 # and `.rlgen-rollouts table td` (0,1,2) covers pages without JupyterLab's classes. Lab also
-# centres tables (margin auto) in some contexts: rlgen's tables sit at the left.
+# centres tables (margin auto) in some contexts: rlgen's tables sit at the left. The prompt column
+# is capped so the completion gets the width, and the table never exceeds its output area.
 _CELLS = "text-align:left; vertical-align:top; padding:2px 6px"
 _STYLE = (
     "<style>"
     ".jp-RenderedHTMLCommon .rlgen-rollouts table td, .jp-RenderedHTMLCommon .rlgen-rollouts table th, "
     f".rlgen-rollouts table td, .rlgen-rollouts table th {{{_CELLS}}}"
-    ".jp-RenderedHTMLCommon .rlgen-rollouts table, .rlgen-rollouts table {margin-left:0; margin-right:0}"
+    ".jp-RenderedHTMLCommon .rlgen-rollouts table, .rlgen-rollouts table {margin-left:0; margin-right:0; max-width:100%}"
+    ".rlgen-rollouts .rlgen-prompt {max-width:18em; min-width:10em; white-space:pre-wrap; overflow-wrap:anywhere}"
+    ".jp-RenderedHTMLCommon .rlgen-rollouts table td.rlgen-num, .rlgen-rollouts table td.rlgen-num {white-space:nowrap}"
     "</style>"
 )
 
 
 def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200) -> str:
-    """An HTML summary of `r`: a header line, then the first `max_rows` rows.
+    """An HTML view of `r`: a header line, then the first `max_rows` rows, a row per sample.
 
-    Each completion is drawn token by token as real text (visible newlines, special tokens as grey
-    tags), coloured by p = exp(logprob) on a log scale with a legend (hover: id, text, logprob,
-    top-k alternatives with their texts); tokens past `max_tokens` and prompt text past `max_chars` are cut. All text is escaped.
+    Each prompt group shows its prompt once (the last user message; the full prompt under "full
+    prompt"), then per sample: row id, sample index, finish reason, completion tokens, the rewards
+    and advantage when present, a few data columns, and the completion drawn token by token as
+    real text (visible newlines, special tokens as grey tags) after the prompt's last tokens,
+    coloured by p = exp(logprob) on a log scale with a legend (hover: id, text, logprob, top-k
+    alternatives with their texts). Tokens past `max_tokens` and prompt text past `max_chars` are
+    cut. All text is escaped.
     """
     df = r.df
     shown = df.head(max_rows)
-    # The chat messages repeat the prompt, and tracebacks are long: both stay in res.df, not here.
-    extra = [c for c in r.extra_columns if c != "prompt_messages" and not c.endswith("_traceback")]
-    head = [
-        "row", "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "completion_tokens",
-        "logprob_mean", *extra,
-    ]  # fmt: skip
+    columns, left_out = _view_columns(r)
+    head = ["row", "prompt", "sample", "finish", "tokens", "mean lp", *columns, "completion"]
+    spans = _groups(shown)
     rows_html = []
     for pos, (_, row) in enumerate(shown.iterrows()):
-        prompt = row["prompt"]
-        if not isinstance(prompt, str):
-            prompt = f"({int(row['prompt_tokens'])} prompt tokens)"
-        cells = [
-            str(pos),
-            str(row["prompt_index"]),
-            str(row["sample_index"]),
-            html.escape(_clip(prompt, max_chars, tail=True)),
-            _completion_cell(r, pos, max_tokens=max_tokens),
-            _finish_cell(row),
-            str(row["completion_tokens"]),
-            _fmt(row["logprob_mean"]),
-            *(html.escape(_fmt(row[c])) for c in extra),
+        num = ' class="rlgen-num"'
+        cells = [f'<td{num} style="color:#888">{int(row["row_id"])}</td>']
+        if spans[pos]:
+            cells.append(f'<td rowspan="{spans[pos]}">{_prompt_cell(row, max_chars=max_chars)}</td>')
+        cells += [
+            f"<td{num}>{row['sample_index']}</td>",
+            f"<td{num}>{_finish_cell(row)}</td>",
+            f'<td{num} title="{int(row["prompt_tokens"])} prompt tokens">{row["completion_tokens"]}</td>',
+            f"<td{num}>{_fmt(row['logprob_mean'])}</td>",
+            *(f"<td{num}>{html.escape(_fmt(row[c], 24))}</td>" for c in columns),
+            f"<td>{_completion_cell(r, pos, max_tokens=max_tokens)}</td>",
         ]
-        rows_html.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        rows_html.append("<tr>" + "".join(cells) + "</tr>")
     header = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
     summary = html.escape(short_repr(r)[1:-1])
     if r.has_logprobs:
         summary += f" | colour (log scale): {_legend_html()} | hover a token for its id, logprob and top-k"
-    foot = ""
+    foot = []
     if len(df) > max_rows:
-        foot = (
-            f'<div style="color:#888">showing {max_rows} of {len(df)} rows; '
-            f"use res[i], res[a:b] or res.where(...) to see others</div>"
-        )
+        foot.append(f"showing {max_rows} of {len(df)} rows; use res[i], res[a:b], res.where(...) or res.browse()")
+    if left_out:
+        foot.append("more columns in res.df: " + ", ".join(left_out))
+    foot_html = "".join(f'<div style="color:#888">{html.escape(f)}</div>' for f in foot)
     return (
         f'<div class="rlgen-rollouts">{_STYLE}<div style="font-family:monospace;margin-bottom:4px">{summary}</div>'
-        f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(rows_html)}</tbody></table>{foot}</div>"
+        f"{_mask_note(r, shown) if len(shown) else ''}{_decode_note(r)}"
+        f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(rows_html)}</tbody></table>{foot_html}</div>"
     )
 
 
@@ -310,186 +398,3 @@ def engine_html(engine: Any) -> str:
         f'<div class="rlgen-rollouts">{_STYLE}<div style="font-family:monospace">{html.escape(repr(engine))}</div>'
         f"<table>{body}</table></div>"
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# progress selection
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (the same test tqdm.autonotebook uses)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-        return shell is not None and "IPKernelApp" in shell.config
-    except Exception:
-        return False
-
-
-def _env_true(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def progress_enabled(progress: bool | None, *, environ: dict[str, str] | None = None) -> bool:
-    """Resolve `progress=`: True/False win; None (auto) shows unless TQDM_DISABLE is set."""
-    if progress is not None:
-        if not isinstance(progress, bool):
-            raise TypeError(f"progress must be True, False or None (auto), got {progress!r}")
-        return progress
-    env = os.environ if environ is None else environ
-    return not _env_true(env.get("TQDM_DISABLE"))
-
-
-def progress_bar(
-    *,
-    total: int | None,
-    progress: bool | None = None,
-    desc: str = "",
-    unit: str = "it",
-    file: TextIO | None = None,
-    leave: bool = True,
-) -> Tqdm:
-    """A tqdm bar: a widget in notebooks, text elsewhere, a silent no-op when disabled.
-
-    Advance it per finished request or chunk (never per token). `file` forces a text bar writing
-    there (tests, logs).
-    """
-    if not progress_enabled(progress):
-        from tqdm.std import tqdm
-
-        return tqdm(total=total, disable=True)
-    if file is not None:
-        from tqdm.std import tqdm
-
-        return tqdm(total=total, desc=desc, unit=unit, file=file, leave=leave, disable=False)
-    from tqdm.auto import tqdm as auto_tqdm
-
-    # disable=False explicitly: progress=True must win over TQDM_DISABLE, which tqdm reads itself.
-    return auto_tqdm(total=total, desc=desc, unit=unit, leave=leave, disable=False)
-
-
-# ----------------------------------------------------------------------------------------------
-# one status line while something starts
-
-
-class PhaseLine:
-    """One status line, rewritten in place, e.g. "server: loading weights (12s)".
-
-    In a notebook it is an HTML display updated through its display id; in a terminal it is one
-    stderr line rewritten with `\\r`. Either way a long startup is one line, not thousands.
-
-    Usage::
-
-        line = PhaseLine("sglang")
-        line.update("loading weights", 3.0)
-        line.close(ok=True)          # "sglang: ready (41s)"
-
-    Args:
-        label: what is starting.
-        show: True/False, or None = auto (off when TQDM_DISABLE is set).
-        mode: "auto" (notebook if in a Jupyter kernel, else terminal), "notebook" or "terminal".
-        file: the terminal stream (default sys.stderr).
-        min_interval_s: rewrites of an unchanged phase are at most this frequent.
-    """
-
-    def __init__(
-        self,
-        label: str,
-        *,
-        show: bool | None = None,
-        mode: str = "auto",
-        file: TextIO | None = None,
-        min_interval_s: float = 0.25,
-    ) -> None:
-        if mode not in ("auto", "notebook", "terminal"):
-            raise ValueError(f"mode must be 'auto', 'notebook' or 'terminal', got {mode!r}")
-        self.label = label
-        self.enabled = progress_enabled(show)
-        self.mode = ("notebook" if in_notebook() else "terminal") if mode == "auto" else mode
-        self._file = file
-        self._min_interval_s = min_interval_s
-        self._phase = ""
-        self._elapsed = 0.0
-        self._last_write = -math.inf
-        self._width = 0
-        self._handle: Any = None
-        self._last_line = ""
-        self.closed = False
-
-    def update(self, phase: str, elapsed_s: float) -> None:
-        """Show `phase`, `elapsed_s` seconds after the start."""
-        if self.closed:
-            return
-        changed = phase != self._phase
-        self._phase, self._elapsed = phase, float(elapsed_s)
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not changed and (now - self._last_write < self._min_interval_s or not self._live_terminal()):
-            return  # a log file gets one write per phase, a live terminal a few per second
-        self._last_write = now
-        self._render(f"{self.label}: {phase} ({self._elapsed:.0f}s)", state="running")
-
-    def close(self, ok: bool, message: str | None = None) -> None:
-        """Leave the final state on screen: ready, or failed during the last phase. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        if not self.enabled:
-            return
-        if ok:
-            text = f"{self.label}: {message or 'ready'} ({self._elapsed:.0f}s)"
-        else:
-            where = f" during '{self._phase}'" if self._phase else ""
-            text = f"{self.label}: {message or 'failed'}{where} ({self._elapsed:.0f}s)"
-        self._render(text, state="ok" if ok else "failed", final=True)
-
-    def __enter__(self) -> PhaseLine:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.close(ok=exc_type is None)
-
-    # -- rendering ---------------------------------------------------------------------------------
-    def _stream(self) -> TextIO:
-        return self._file if self._file is not None else sys.stderr
-
-    def _live_terminal(self) -> bool:
-        if self.mode == "notebook":
-            return True
-        try:
-            return self._stream().isatty()
-        except (AttributeError, ValueError):
-            return False
-
-    def _render(self, text: str, *, state: str, final: bool = False) -> None:
-        if self.mode == "notebook":
-            self._render_notebook(text, state)
-            return
-        stream = self._stream()
-        if not self._live_terminal():
-            # A log file or a pipe: one plain line per phase (a \r rewrite would run them together).
-            if text != self._last_line:
-                stream.write(text + "\n")
-                stream.flush()
-            self._last_line = text
-            return
-        # Wrapping would turn the \r rewrite into a new line each time; keep it within the width.
-        width = shutil.get_terminal_size((100, 24)).columns - 1
-        text = text if len(text) <= width else text[: width - 1] + "…"
-        pad = max(0, self._width - len(text))
-        stream.write("\r" + text + " " * pad + ("\n" if final else ""))
-        stream.flush()
-        self._width = len(text)
-
-    def _render_notebook(self, text: str, state: str) -> None:
-        from IPython.display import HTML, display  # untyped: its calls are marked below
-
-        icon, colour = {"running": ("⏳", "#555"), "ok": ("✓", "#2a7"), "failed": ("✗", "#c33")}[state]
-        body = HTML(f'<div style="font-family:monospace;color:{colour}">{icon} {html.escape(text)}</div>')  # type: ignore[no-untyped-call]
-        if self._handle is None:
-            self._handle = display(body, display_id=True)  # type: ignore[no-untyped-call]
-        else:
-            self._handle.update(body)

@@ -27,17 +27,19 @@ from typing_extensions import Unpack
 from . import _loop, _options, _server_info
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
-from ._generate import GenerateJob, chunks_to_fill, new_rid, run_generate
+from ._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
 from ._models import resolve_model
 from ._options import GenerateOptions, StreamOptions, takes_options
 from ._prompts import PromptBatch, normalize_prompts, prompt_data
 from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
+from ._token_text import TokenText
 from ._types import Prompt, Prompts
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ._compare import LogprobCheck
+    from ._progress import ProgressLine
     from ._results import Rollouts
     from ._server import ServerProcess
 
@@ -51,6 +53,8 @@ _CPU_MAX_DIFF, _CPU_MEAN_DIFF = 1e-3, 1e-4
 _BF16_MAX_DIFF, _BF16_MEAN_DIFF = 1.0, 0.05
 # Rows per scoring request on the CPU backend (see Engine._score_ids).
 _CPU_SCORE_CHUNK = 8
+# The most prompts per /generate request when the caller sets no chunk_size.
+_AUTO_CHUNK_MAX = 256
 
 
 class EngineState(enum.Enum):
@@ -88,7 +92,8 @@ class Engine:
             rlgen's defaults.
         startup_timeout: seconds the server may take to become healthy.
         request_timeout: seconds one HTTP request may take (None: no limit; Ctrl-C aborts).
-        progress: show progress (start-up line, generate bars): True, False, None = auto.
+        progress: show progress (the start-up line; a line per call that takes over a second, ending with
+            its totals): True, False, None = auto.
         host, port: where the server listens (loopback and a free port by default).
         log_dir: directory for the server log (default under ~/.cache/rlgen/servers/).
         env: environment variables for the server process.
@@ -113,7 +118,7 @@ class Engine:
         log_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        from ._display import PhaseLine
+        from ._progress import PhaseLine
         from ._server import launch_server
 
         self._init_common(progress=progress, request_timeout=request_timeout)
@@ -207,6 +212,7 @@ class Engine:
     def _connect(self, *, tokenizer: Any) -> None:
         self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error)
         self.tokenizer = _load_tokenizer(tokenizer)
+        self._token_text = TokenText(self.tokenizer)  # each result's decode: token text for its view
         self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
         self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
         self.context_length = _server_info.context_length(self._server_info, self.tokenizer, self.model_path)
@@ -322,9 +328,9 @@ class Engine:
                 server, finished samples are in `eng.last_result`.
         """
         job, batch, progress = self._prepare(prompts, options)
-        with self._progress_bar(job, progress) as advance:
+        with self._progress_line(job, progress) as line:
             try:
-                _loop.run_sync(run_generate(self._client, job, on_progress=advance))
+                _loop.run_sync(run_generate(self._client, job, on_progress=line.advance), on_wait=line.tick)
             except BaseException:
                 self.last_result = self._rollouts(job, batch, failed=True)
                 raise
@@ -335,12 +341,16 @@ class Engine:
     async def agenerate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
         """`generate()` for `await` (e.g. at the top level of a notebook cell): the same options."""
         job, batch, progress = self._prepare(prompts, options)
-        with self._progress_bar(job, progress) as advance:
+        with self._progress_line(job, progress) as line:
             future = asyncio.run_coroutine_threadsafe(
-                run_generate(self._client, job, on_progress=advance), _loop.get_loop()
+                run_generate(self._client, job, on_progress=line.advance), _loop.get_loop()
             )
+            waiting = asyncio.wrap_future(future)
             try:
-                await asyncio.wrap_future(future)
+                while not waiting.done():  # redraw the line from this (the notebook's) thread
+                    await asyncio.wait({waiting}, timeout=0.25)
+                    line.tick()
+                await waiting
             except BaseException:
                 future.cancel()
                 self.last_result = self._rollouts(job, batch, failed=True)
@@ -383,14 +393,15 @@ class Engine:
         self._check_ready()
         opts = _options.resolve(GenerateOptions, options)
         self._warn_if_seed_ignored(opts)
+        batch = self._normalize(prompts, max_new_tokens=opts["max_new_tokens"])
+        chunk_size = opts["chunk_size"] or request_size(len(batch), most=_AUTO_CHUNK_MAX)
         max_in_flight = opts["max_in_flight"]
         if max_in_flight is None:
-            max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), opts["chunk_size"], opts["n"])
-        batch = self._normalize(prompts, max_new_tokens=opts["max_new_tokens"])
+            max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), chunk_size, opts["n"])
         batch.data = prompt_data(opts["data"], len(batch), reserved=_reserved_columns())
         job = GenerateJob(
             prompt_ids=batch.ids, sampling=_options.to_sglang(opts), n=opts["n"], logprobs=opts["logprobs"],
-            top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=opts["chunk_size"],
+            top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=chunk_size,
             max_in_flight=max_in_flight,
         )
         return job, batch, opts["progress"]
@@ -407,20 +418,12 @@ class Engine:
                 stacklevel=4,
             )
 
-    @contextlib.contextmanager
-    def _progress_bar(self, job: GenerateJob, progress: bool | None, *, desc: str = "generate",
-                      unit: str = "sample") -> Iterator[Callable[[int], Any]]:
-        from ._display import progress_bar
+    def _progress_line(self, job: GenerateJob, progress: bool | None, *, label: str = "generate",
+                       unit: str = "sample") -> ProgressLine:
+        """The call's progress line: auto mode shows it once the call has run a second."""
+        from ._progress import ProgressLine
 
-        show = self._progress if progress is None else progress
-        # A bar for a handful of samples is noise: auto mode shows it from 2 chunks on.
-        if show is None and job.n_samples <= job.chunk_size:
-            show = False
-        bar = progress_bar(total=job.n_samples, progress=show, desc=desc, unit=unit)
-        try:
-            yield bar.update
-        finally:
-            bar.close()
+        return ProgressLine(label, total=job.n_samples, unit=unit, show=self._progress if progress is None else progress)
 
     def _rollouts(self, job: GenerateJob, batch: PromptBatch, *, failed: bool = False) -> Rollouts:
         from ._response_arrays import failed_entry
@@ -439,38 +442,8 @@ class Engine:
         return rollouts_from_responses(
             responses, prompt_ids=batch.ids, prompt_texts=batch.texts, n=job.n,
             pad_token_id=_pad_id(self.tokenizer), extra=extra, model=self.model, sampling=record,
-            decode=self._decode_tokens,
+            decode=self._token_text,
         )
-
-    def _decode_tokens(self, ids: list[int]) -> list[str]:
-        """Each token's real text (for display): the pieces concatenate to the decoded text.
-
-        Incremental: token k's piece is decode(ids[s:k+1]) minus decode(ids[s:done]), where
-        ids[:done] already decoded to whole characters and s a few tokens before done (a short
-        context keeps this linear and keeps a tokenizer's leading-space rules right). A character
-        whose bytes span several tokens belongs to the token that completes it; the tokens before
-        it get "", and so do the tokens of a character cut off at the end: never mojibake. Only
-        bytes that no later token can complete (invalid UTF-8) show as U+FFFD. Special tokens keep
-        their text (e.g. "<|im_end|>").
-        """
-        tok = self.tokenizer
-        ids = [int(t) for t in ids]
-
-        def text(part: list[int]) -> str:
-            return str(tok.decode(part, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-
-        pieces: list[str] = []
-        bounds = [0]  # positions p where ids[:p] decodes to whole characters
-        for k in range(len(ids)):
-            done = bounds[-1]
-            start = bounds[max(0, len(bounds) - 5)]
-            before, after = text(ids[start:done]), text(ids[start : k + 1])
-            if after.endswith("\ufffd") and k - done < 4:
-                pieces.append("")  # bytes of a character that a later token completes
-                continue
-            pieces.append(after[len(before):] if after.startswith(before) else after)
-            bounds.append(k + 1)
-        return pieces
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, prompts: Prompts | Rollouts, completions: Sequence[str] | Sequence[Sequence[int]] | None = None,
@@ -511,7 +484,7 @@ class Engine:
         entries = self._score_ids(batch.ids, completion_ids, progress=progress)
         return rollouts_from_responses(entries, prompt_ids=batch.ids, prompt_texts=batch.texts, n=1,
                                        pad_token_id=_pad_id(self.tokenizer), model=self.model,
-                                       sampling={"score": True}, decode=self._decode_tokens)
+                                       sampling={"score": True}, decode=self._token_text)
 
     def _score_rollouts(self, rollouts: Rollouts, *, progress: bool | None) -> Rollouts:
         """`score(res)`: every row's prompt + response ids; a row without response tokens stays empty."""
@@ -524,7 +497,7 @@ class Engine:
         entries = self._score_ids(prompt_ids, response_ids, progress=progress)
         return rollouts_from_responses(entries, prompt_ids=prompt_ids, prompt_texts=rollouts.df["prompt"].tolist(),
                                        n=1, pad_token_id=rollouts.pad_token_id, model=self.model,
-                                       sampling={"score": True}, decode=self._decode_tokens)
+                                       sampling={"score": True}, decode=self._token_text)
 
     def check_logprobs(self, rollouts: Rollouts, *, max_diff: float | None = None, mean_diff: float | None = None,
                        progress: bool | None = None) -> LogprobCheck:
@@ -580,7 +553,7 @@ class Engine:
             # only to its own longest row, and the bar advances per chunk.
             chunk_size, max_in_flight = _CPU_SCORE_CHUNK, 2
         else:
-            chunk_size = _options.defaults(GenerateOptions)["chunk_size"]
+            chunk_size = _AUTO_CHUNK_MAX
             max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), chunk_size, 1)
         job = GenerateJob(
             prompt_ids=[prompt_ids[i] + completion_ids[i] for i in todo],
@@ -588,8 +561,8 @@ class Engine:
             stream=False, chunk_size=chunk_size, max_in_flight=max_in_flight,
             per_prompt={"logprob_start_len": [len(prompt_ids[i]) - 1 for i in todo]},
         )
-        with self._progress_bar(job, progress, desc="score", unit="row") as advance:
-            _loop.run_sync(run_generate(self._client, job, on_progress=advance))
+        with self._progress_line(job, progress, label="score", unit="row") as line:
+            _loop.run_sync(run_generate(self._client, job, on_progress=line.advance), on_wait=line.tick)
         answers = dict(zip(todo, job.results))
         entries = []
         for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):

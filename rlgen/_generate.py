@@ -1,8 +1,8 @@
 """The generate core: normalised prompts in, SGLang response entries out, batched and abortable.
 
 Owns: splitting the prompts into chunks of batched `/generate` requests, keeping a bounded number
-in flight (so huge inputs stream through with bounded memory), advancing the progress bar per
-chunk, giving every sample an `rid`, streaming (time to first token, inter-token latencies), and
+in flight (so huge inputs stream through with bounded memory), reporting progress per answered
+request, giving every sample an `rid`, streaming (time to first token, inter-token latencies), and
 what happens on Ctrl-C or a failing request: the in-flight rids are aborted on the server, and the
 samples that did finish are kept. Knows nothing about processes or about the result's tensors.
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._client import Client
 from ._errors import RequestError, ServerRequestError
 
-__all__ = ["FALLBACK_IN_FLIGHT", "GenerateJob", "chunks_to_fill", "new_rid", "run_generate"]
+__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "new_rid", "request_size", "run_generate"]
 
 
 @dataclass
@@ -47,6 +48,10 @@ class GenerateJob:
         return len(self.prompt_ids) * self.n
 
 
+# How many requests generate() splits a call into when the caller sets no chunk_size (the progress
+# line's steps); docs/decisions.md has why the extra requests cost SGLang nothing measurable.
+REQUESTS_PER_CALL = 16
+
 # Chunks in flight when the server does not say how many requests it runs at once (a router, a
 # server without /server_info's internal_states).
 FALLBACK_IN_FLIGHT = 8
@@ -64,8 +69,11 @@ def chunks_to_fill(server_capacity: int | None, chunk_size: int, n: int) -> int:
     return -(-server_capacity // (chunk_size * n)) + 1
 
 
-async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = None) -> None:
+async def run_generate(client: Client, job: GenerateJob, *,
+                       on_progress: Callable[[int, int], object] | None = None) -> None:
     """Send `job` and fill `job.results` (prompt-major, n per prompt).
+
+    `on_progress(samples, tokens)` is called (on the loop) as each request is answered.
 
     On cancellation (Ctrl-C) or a failing request, the rids still in flight are aborted on the
     server before the exception propagates; finished samples stay in `job.results`.
@@ -105,7 +113,8 @@ async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = N
                     for rid in rids:
                         in_flight.pop(rid, None)
             if on_progress is not None:
-                on_progress((stop - start) * job.n)
+                done = job.results[start * job.n : stop * job.n]
+                on_progress((stop - start) * job.n, sum(_completion_tokens(e) for e in done))
 
     # 2) Send them, at most `max_in_flight` at a time; the first failure cancels the rest.
     tasks = [asyncio.ensure_future(one_chunk(a, b)) for a, b in chunks]
@@ -118,6 +127,19 @@ async def run_generate(client: Client, job: GenerateJob, *, on_progress: Any = N
         await asyncio.gather(*tasks, return_exceptions=True)
         await _abort(client, list(in_flight))
         raise
+
+
+def _completion_tokens(entry: dict[str, Any] | None) -> int:
+    meta = (entry or {}).get("meta_info") or {}
+    value = meta.get("completion_tokens")
+    return int(value) if isinstance(value, int) else 0
+
+
+def request_size(n_prompts: int, *, most: int) -> int:
+    """Prompts per /generate request when the caller sets no chunk_size: at most `most`, and small
+    enough that a call makes about REQUESTS_PER_CALL requests, so its progress advances in steps
+    rather than 0 -> 100% (a request is answered only when all of its samples are done)."""
+    return max(1, min(most, -(-n_prompts // REQUESTS_PER_CALL)))
 
 
 def new_rid() -> str:

@@ -25,7 +25,8 @@ import concurrent.futures
 import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["get_loop", "iterate", "run_sync"]
@@ -64,8 +65,12 @@ def in_loop_thread() -> bool:
     return _thread is not None and threading.current_thread() is _thread
 
 
-def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T:
+def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None,
+             on_wait: Callable[[], object] | None = None, wait_interval_s: float = 0.25) -> T:
     """Run `coro` on the background loop and return its result, from any non-loop thread.
+
+    While it waits, the calling thread calls `on_wait()` every `wait_interval_s` seconds (e.g. to
+    redraw a progress line from the thread that owns the notebook output).
 
     Raises whatever the coroutine raises; KeyboardInterrupt cancels the coroutine (its cleanup runs
     for up to CANCEL_GRACE_S seconds) and is re-raised; `timeout` raises TimeoutError after
@@ -77,8 +82,20 @@ def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T
     loop = get_loop()
     cleaned_up = threading.Event()
     future = asyncio.run_coroutine_threadsafe(_tracked(coro, cleaned_up), loop)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return future.result(timeout=timeout)
+        while True:
+            wait = None if on_wait is None else wait_interval_s
+            if deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
+                wait = left if wait is None else min(wait, left)
+            try:
+                return future.result(timeout=wait)
+            except concurrent.futures.TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                if on_wait is not None:
+                    on_wait()
     except concurrent.futures.TimeoutError:
         future.cancel()
         cleaned_up.wait(CANCEL_GRACE_S)

@@ -192,12 +192,15 @@ class GenerateOptions(StreamOptions, total=False):
     top_logprobs: Annotated[int, Option(0, "also return the k most likely tokens at every position", _count(0))]
     stream: Annotated[bool, Option(False, "stream over SSE, to measure time-to-first-token and inter-token latency",
                                    _flag)]
-    chunk_size: Annotated[int, Option(256, "prompts per batched /generate request", _count(1))]
+    chunk_size: Annotated[int | None, Option(
+        None, "prompts per batched /generate request; None: enough requests (about 16) that progress advances "
+        "as they are answered, at most 256 prompts each", _optional_count(1, "automatic"))]
     max_in_flight: Annotated[int | None, Option(
         None, "requests (chunks) in flight at once; None: enough to fill the batch the server runs at once, plus one",
         _optional_count(1, "fill the server's batch"))]
-    progress: Annotated[bool | None, Option(None, "show a progress bar: True, False, None = the Engine's setting",
-                                            _optional_flag)]
+    progress: Annotated[bool | None, Option(
+        None, "a progress line, then the call's totals: True, False, None = the Engine's setting (auto: once the "
+        "call has taken a second)", _optional_flag)]
     data: Annotated[Any, Option(
         None, "per-prompt data (a DataFrame with a row per prompt, a list of dicts or a dict of lists): its columns "
         "join every sample of that prompt in res.df (e.g. the answer, the task name)", _table)]
@@ -249,8 +252,9 @@ class RewardOptions(TypedDict, total=False):
         "grpo", "'grpo' ((r - mean) / (std + eps), std with ddof=1, as TRL), 'drgrpo' (r - mean), 'rloo' "
         "(leave-one-out) or 'batch' (divided by the batch's std)", _choice("grpo", "drgrpo", "rloo", "batch"))]
     eps: Annotated[float, Option(1e-4, "added to the std before dividing", _number(0))]
-    progress: Annotated[bool | None, Option(None, "a progress bar over rows: True, False, None = when there are many",
-                                            _optional_flag)]
+    progress: Annotated[bool | None, Option(
+        None, "a progress line (one score per row and function): True, False, None = once scoring has taken a second",
+        _optional_flag)]
 
 
 # SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates

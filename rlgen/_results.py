@@ -44,6 +44,7 @@ from ._options import RewardOptions, takes_options
 from ._parquet import read_parquet, write_parquet
 from ._ragged import gather_rows, pad_rows, row_offsets
 from ._response_arrays import gc_paused, parse_responses
+from ._token_text import TokenText
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -178,8 +179,9 @@ class Rollouts:
         self.meta_info: list[dict[str, Any]] = meta_info
         self.pad_token_id = int(pad_token_id)
         self.model = model
-        # Display only: maps a list of token ids to per-token strings for the HTML heatmap
-        # (e.g. tokenizer.convert_ids_to_tokens). Not saved to parquet.
+        # Display only: maps a list of token ids to one text piece per id, for the view and the
+        # browser. Parquet keeps its `source` (a TokenText's tokenizer path), so a file read back
+        # draws the same text.
         self.decode = decode
         self._cache: dict[str, torch.Tensor] | None = None
         self._device: Any = None
@@ -545,17 +547,13 @@ class Rollouts:
         scoring and keeps what was scored (the rest is marked "cancelled", with a warning).
         Everything is checked before any function runs.
         """
-        from ._display import progress_bar
         from ._options import resolve
+        from ._progress import ProgressLine
         from ._rewards import count_functions, rewards_columns, warn_notes
 
         opts = resolve(RewardOptions, options)
-        show = opts["progress"] if opts["progress"] is not None else (None if len(self) > 256 else False)
-        bar = progress_bar(total=len(self) * count_functions(funcs), progress=show, desc="rewards", unit="row")
-        try:
-            cols, notes = rewards_columns(self, funcs, opts, on_progress=bar.update)
-        finally:
-            bar.close()
+        with ProgressLine("rewards", total=len(self) * count_functions(funcs), unit="score", show=opts["progress"]) as line:
+            cols, notes = rewards_columns(self, funcs, opts, on_progress=line.advance)
         warn_notes(notes)
         return self.with_columns(cols)
 
@@ -671,8 +669,9 @@ class Rollouts:
         """Write rows, token ids, logprobs, top-k, meta_info, pad id, model and sampling to one file.
 
         Token data are list columns named `_rlgen_*` beside the df's own columns (so the file also
-        opens as a plain table); meta_info is stored as JSON text, pad id, model and sampling
-        (which must be JSON-able) in the file's metadata. `decode` is not saved.
+        opens as a plain table); meta_info is stored as JSON text, pad id, model, sampling (which
+        must be JSON-able) and the tokenizer's source (path or name, for the token text of the
+        view) in the file's metadata.
         """
         df = self._checked_df()
         fields = {}
@@ -688,12 +687,17 @@ class Rollouts:
             meta_info=self.meta_info,
             fields=fields,
             header={"pad_token_id": self.pad_token_id, "model": self.model, "sampling": self.sampling,
-                    "run_sampling": self.run_sampling},
+                    "run_sampling": self.run_sampling, "tokenizer": getattr(self.decode, "source", None)},
         )
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike[str]) -> Rollouts:
-        """Read a file written by `to_parquet`."""
+    def from_parquet(cls, path: str | os.PathLike[str], *, tokenizer: Any = None) -> Rollouts:
+        """Read a file written by `to_parquet`.
+
+        The view draws token text with `tokenizer` (an object, or a local path or name), else with
+        the tokenizer the file names, loaded from local files when first needed; where neither can
+        be had, it shows token ids and says why.
+        """
         stored = read_parquet(path, _FIELDS)
         fields, header = stored.fields, stored.header
         if "latency_s" in stored.df.columns and "request_latency_s" not in stored.df.columns:
@@ -716,6 +720,7 @@ class Rollouts:
             top_ids=fields["top_ids"],
             token_texts=None if texts is None else texts.astype(object),
             prompt_logprobs=fields["prompt_logprobs"],
+            decode=_token_text_for(tokenizer if tokenizer is not None else header.get("tokenizer")),
         )
 
     # -- display ---------------------------------------------------------------------------------
@@ -728,6 +733,15 @@ class Rollouts:
         from ._display import rollouts_html
 
         return rollouts_html(self)
+
+
+def _token_text_for(tokenizer: Any) -> TokenText | None:
+    """A TokenText for a tokenizer object or source; None for None."""
+    if tokenizer is None:
+        return None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return TokenText.load(str(tokenizer))
+    return TokenText(tokenizer)
 
 
 @gc_paused()

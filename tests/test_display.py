@@ -1,24 +1,16 @@
-"""Display: the Rollouts HTML table and text repr, progress selection, and the startup PhaseLine."""
+"""Display: the Rollouts HTML table and text repr, and the Engine card."""
 
 from __future__ import annotations
 
-import io
 import math
 import re
 
 import pytest
 
-from rlgen._display import (
-    PhaseLine,
-    engine_html,
-    in_notebook,
-    logprob_color,
-    progress_bar,
-    progress_enabled,
-    rollouts_html,
-)
+from rlgen._display import engine_html, logprob_color, rollouts_html
 from rlgen._response_arrays import failed_entry
 from rlgen._results import Rollouts, rollouts_from_responses
+from rlgen._token_text import TokenText
 
 
 def entry(ids: list[int], *, finish: str = "stop", texts: list[str] | None = None, lp: float = -0.05) -> dict:
@@ -68,14 +60,15 @@ def test_html_cuts_long_token_runs_and_keeps_the_end_of_long_prompts():
         [entry(list(range(10, 60)))], prompt_ids=[[1]], prompt_texts=["x" * 500 + "THE END"], pad_token_id=0
     )
     page = rollouts_html(res, max_tokens=10, max_chars=50)
-    assert "+40 tokens" in page and page.count("title=") == 10
-    assert "THE END" in page and "x" * 60 not in page
+    assert "+40 tokens" in page and page.count('title="response token') == 10
+    assert "THE END" in page and "x" * 60 not in page.split("<details>")[0]
+    assert "full prompt (507 chars)" in page and "x" * 500 + "THE END" in page  # one click away
 
 
 def test_each_token_is_coloured_by_its_logprob_with_id_and_logprob_on_hover():
     page = make(lp=-1.0)._repr_html_()
-    assert f'style="background:{logprob_color(-1.0)}" title="id 5 | logprob -1.0000 (p=0.368)"' in page
-    assert f'style="background:{logprob_color(-2.0)}" title="id 6 | logprob -2.0000 (p=0.135)"' in page
+    assert f'style="background:{logprob_color(-1.0)}" title="response token 0: id 5 | logprob -1.0000 (p=0.368)"' in page
+    assert f'style="background:{logprob_color(-2.0)}" title="response token 1: id 6 | logprob -2.0000 (p=0.135)"' in page
 
 
 def test_logprob_colour_runs_from_green_for_likely_to_red_for_unlikely_tokens():
@@ -107,7 +100,7 @@ def test_a_failing_decode_falls_back_to_ids_instead_of_breaking_the_repr():
 
 def test_an_empty_token_text_stays_visible_as_a_box_and_an_empty_eos_as_its_id():
     page = make(texts=["a", ""])._repr_html_()
-    assert ">▯</span>" in page and "title=\"id 6 &#x27;&#x27;" in page
+    assert ">▯</span>" in page and "title=\"response token 1: id 6 &#x27;&#x27;" in page
     res = rollouts_from_responses(
         [entry([5, 0], texts=["a", ""])], prompt_ids=[[1]], pad_token_id=0
     )  # pad id = EOS id, as for the default model: the EOS is a real response token
@@ -124,7 +117,7 @@ def test_special_tokens_are_grey_tags_and_the_eos_is_drawn_with_its_colour():
         [entry([5, 2], texts=["hi", "<|im_end|>"], lp=-1.0)], prompt_ids=[[1]], pad_token_id=2
     )
     page = res._repr_html_()
-    tag = re.search(r'<span style="background:(#\w+)" title="id 2[^"]*"><span style="color:#555[^"]*">&lt;\|im_end\|&gt;</span>', page)
+    tag = re.search(r'<span style="background:(#\w+)" title="response token 1: id 2[^"]*"><span style="color:#555[^"]*">&lt;\|im_end\|&gt;</span>', page)
     assert tag and tag.group(1) == logprob_color(-2.0)
 
 
@@ -163,7 +156,65 @@ def test_html_shows_finish_reason_errors_and_user_columns():
     res.df["reward"] = [0.5, 0.25]
     page = res._repr_html_()
     assert "error: server &lt;gone&gt;" in page and "(empty)" in page
-    assert "<th>reward</th>" in page and "<td>0.25</td>" in page
+    assert "<th>reward</th>" in page and '<td class="rlgen-num">0.25</td>' in page
+
+
+def grouped(n_prompts: int = 2, n: int = 3) -> Rollouts:
+    """A chat-style result: n samples per prompt, the system prompt in the templated text."""
+    messages = [[{"role": "system", "content": "You are a long system prompt. " * 10},
+                 {"role": "user", "content": f"Question {p}?"}] for p in range(n_prompts)]
+    res = rollouts_from_responses(
+        [entry([5, 6, 0]) for _ in range(n_prompts * n)],
+        prompt_ids=[[1, 2, 3, 4]] * n_prompts,
+        prompt_texts=[f"<|im_start|>system ... <|im_start|>user Question {p}?<|im_start|>assistant" for p in range(n_prompts)],
+        n=n, pad_token_id=0, extra={"prompt_messages": [m for m in messages for _ in range(n)]},
+    )
+    rewards = ([1.0, 0.0, 1.0] * len(res))[: len(res)]
+    return res.with_columns({"answer": ["42"] * len(res), "reward_exact": rewards, "reward_exact_status": ["ok"] * len(res),
+                             "reward": rewards, "advantage": [r - 0.5 for r in rewards], "group_mean": [0.7] * len(res)})
+
+
+def test_each_prompt_group_shows_its_last_user_message_once_with_the_full_prompt_on_demand():
+    page = grouped()._repr_html_()
+    body = page.split("<tbody>")[1]
+    assert body.count('rowspan="3"') == 2 and body.count("<tr>") == 6
+    assert body.count("Question 0?") == 2  # the user's message, and once more in the full prompt
+    assert "long system prompt" not in body.split("<details>")[0]  # the system prompt is not in the way
+    assert "full prompt (" in body
+
+
+def test_finish_tokens_rewards_and_advantage_come_before_the_completion_and_details_stay_in_the_df():
+    page = grouped()._repr_html_()
+    header = re.findall(r"<th>(.*?)</th>", page)
+    assert header == ["row", "prompt", "sample", "finish", "tokens", "mean lp", "reward_exact", "reward",
+                      "advantage", "answer", "completion"]
+    assert "reward_exact_status" not in header and "group_mean" not in header
+
+
+def test_too_many_data_columns_are_left_in_the_df_and_named_below_the_table():
+    res = make().with_columns({f"col{k}": [k, k] for k in range(6)})
+    page = res._repr_html_()
+    header = re.findall(r"<th>(.*?)</th>", page)
+    assert header[-5:] == ["col0", "col1", "col2", "col3", "completion"]
+    assert "more columns in res.df: col4, col5" in page
+
+
+def test_the_response_starts_after_the_prompts_last_tokens_and_a_boundary_mark():
+    res = grouped(1, 1)
+    res.decode = lambda ids: [{1: "<|im_start|>", 2: "assistant", 3: "\n", 4: "\n", 5: "Hi", 6: "!", 0: "<eos>"}[i] for i in ids]
+    cell = res._repr_html_().split("<tbody>")[1]
+    tail, response = cell.split('title="prompt | response"')
+    assert tail.count('title="prompt token') == 3 and "assistant" in tail and "<|im_start|>" not in tail
+    assert re.search(r"response token 0: id 5 &#x27;Hi&#x27;", response)
+
+
+def test_the_view_warns_that_the_pad_id_is_the_eos_that_ends_the_responses():
+    page = grouped()._repr_html_()
+    assert "response_mask is 1 (the EOS included)" in page
+    assert "The pad id 0 is also the last token of 6 shown responses" in page
+    assert "not response_ids != 0" in page
+    assert "(= pad id 0: response_mask keeps it" in page  # on the EOS token's tooltip
+    assert "The pad id" not in make()._repr_html_()  # responses that do not end with it: no warning
 
 
 def test_html_summary_starts_with_the_one_line_repr():
@@ -189,162 +240,18 @@ def tok(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def decode_tokens(tok, ids: list[int]) -> list[str]:
-    """`Engine._decode_tokens` on an object that has only the tokenizer (no server)."""
-    from types import SimpleNamespace
-
-    from rlgen._engine import Engine
-
-    return Engine._decode_tokens(SimpleNamespace(tokenizer=tok), ids)  # type: ignore[arg-type]
-
-
 COMPLETION = "The capital of France\n\nis Paris. Le café 日本 🙂!"
-
-
-def test_engine_token_texts_are_real_text_that_concatenates_to_the_completion(tok):
-    ids = tok(COMPLETION, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    pieces = decode_tokens(tok, ids)
-    assert len(pieces) == len(ids) and "".join(pieces) == COMPLETION + "<|im_end|>"
-    assert " capital" in pieces and "\n" in pieces and " café" in pieces and pieces[-1] == "<|im_end|>"
-    assert not any(ch in "".join(pieces) for ch in "ĠĊÃ\ufffd")
 
 
 def test_a_completion_with_spaces_newlines_and_accents_renders_as_readable_text(tok):
     ids = tok(COMPLETION, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     res = rollouts_from_responses([entry(ids)], prompt_ids=[[1]], pad_token_id=tok.eos_token_id)
-    res.decode = lambda ids: decode_tokens(tok, ids)
+    res.decode = TokenText(tok)
     cell = res._repr_html_().split("<tbody>")[1]
     tokens = "".join(re.findall(r"<span style=\"background[^>]*>(.*?)</span>", cell))
     assert not any(ch in tokens for ch in "ĠĊÃ")
     assert ">The</span>" in cell and "> capital</span>" in cell and "> café</span>" in cell and ">↵\n</span>" in cell
     assert "&lt;|im_end|&gt;</span>" in cell
-
-
-def test_a_character_split_over_tokens_belongs_to_the_token_that_completes_it(tok):
-    ids = tok(" 日本", add_special_tokens=False)["input_ids"]
-    assert len(ids) > 2  # byte-level BPE splits these characters into several tokens
-    pieces = decode_tokens(tok, ids)
-    assert "".join(pieces) == " 日本" and all(p in ("", " 日", "本") for p in pieces)
-    assert decode_tokens(tok, ids[:1]) == [""]  # an unfinished character shows as nothing, not mojibake
-
-
-# -- progress --------------------------------------------------------------------------------------
-
-
-def test_progress_false_gives_a_silent_bar():
-    out = io.StringIO()
-    bar = progress_bar(total=3, progress=False, file=out)
-    bar.update(3)
-    bar.close()
-    assert out.getvalue() == "" and bar.disable
-
-
-def test_progress_true_writes_a_text_bar_to_the_given_file():
-    out = io.StringIO()
-    with progress_bar(total=3, progress=True, desc="generate", file=out) as bar:
-        bar.update(3)
-    assert "generate" in out.getvalue() and "3/3" in out.getvalue()
-
-
-def test_auto_progress_honours_tqdm_disable_but_an_explicit_true_wins(monkeypatch):
-    monkeypatch.setenv("TQDM_DISABLE", "1")
-    assert progress_enabled(None) is False
-    assert progress_enabled(True) is True
-    monkeypatch.setenv("TQDM_DISABLE", "0")
-    assert progress_enabled(None) is True
-    assert progress_enabled(None, environ={}) is True
-
-
-def test_progress_rejects_values_other_than_bool_or_none():
-    with pytest.raises(TypeError, match="progress"):
-        progress_enabled("yes")  # type: ignore[arg-type]
-
-
-def test_pytest_is_not_a_notebook():
-    assert in_notebook() is False
-
-
-# -- PhaseLine ---------------------------------------------------------------------------------------
-
-
-class FakeTTY(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_phase_line_in_a_log_file_writes_one_plain_line_per_phase():
-    out = io.StringIO()  # not a live terminal: a log file, a pipe, CI output
-    line = PhaseLine("sglang", mode="terminal", file=out, show=True)
-    for second in range(2000):
-        line.update("loading weights" if second < 1000 else "capturing cuda graphs", second / 10)
-    line.update("ready", 200)
-    line.close(ok=True)  # the same text as the last update: not written twice
-    assert out.getvalue().splitlines() == [
-        "sglang: loading weights (0s)", "sglang: capturing cuda graphs (100s)", "sglang: ready (200s)"]
-    assert "\r" not in out.getvalue()
-
-
-def test_phase_line_rewrites_a_live_terminal_in_place_and_erases_longer_text():
-    out = FakeTTY()
-    line = PhaseLine("srv", mode="terminal", file=out, show=True, min_interval_s=0.0)
-    line.update("a much longer phase name", 1)
-    line.update("short", 2)
-    line.update("short", 3)  # elapsed changes are shown on a live terminal
-    segments = out.getvalue().split("\r")[1:]
-    expected = ["srv: a much longer phase name (1s)", "srv: short (2s)", "srv: short (3s)"]
-    assert [s.rstrip() for s in segments] == expected
-    assert len(segments[1]) == len(segments[0])  # padded with spaces over the old text
-    assert "\n" not in out.getvalue()
-
-
-def test_phase_line_failure_names_the_phase_it_failed_in():
-    out = io.StringIO()
-    with pytest.raises(RuntimeError), PhaseLine("srv", mode="terminal", file=out, show=True) as line:  # noqa: PT012 - the failure happens inside the block under test
-        line.update("loading weights", 7)
-        raise RuntimeError("boom")
-    assert out.getvalue().splitlines()[-1] == "srv: failed during 'loading weights' (7s)"
-    assert line.closed
-
-
-def test_phase_line_shows_nothing_when_disabled(monkeypatch):
-    out = io.StringIO()
-    line = PhaseLine("srv", mode="terminal", file=out, show=False)
-    line.update("x", 1)
-    line.close(ok=True)
-    monkeypatch.setenv("TQDM_DISABLE", "1")
-    auto = PhaseLine("srv", mode="terminal", file=out)
-    auto.update("x", 1)
-    auto.close(ok=False)
-    assert out.getvalue() == ""
-
-
-def test_phase_line_in_a_notebook_updates_one_display_in_place(monkeypatch):
-    import IPython.display
-
-    shown: list = []
-
-    class Handle:
-        def update(self, obj):
-            shown.append(("update", obj.data))
-
-    def fake_display(obj, display_id=False):
-        shown.append(("display", obj.data))
-        return Handle()
-
-    monkeypatch.setattr(IPython.display, "display", fake_display)
-    line = PhaseLine("srv", mode="notebook", show=True, min_interval_s=0.0)
-    line.update("loading <weights>", 1)
-    line.update("capturing graphs", 2)
-    line.close(ok=False, message="out of memory")
-    assert [kind for kind, _ in shown] == ["display", "update", "update"]
-    assert "loading &lt;weights&gt;" in shown[0][1]
-    assert "srv: out of memory during &#x27;capturing graphs&#x27; (2s)" in shown[-1][1]
-
-
-def test_phase_line_rejects_an_unknown_mode():
-    with pytest.raises(ValueError, match="mode"):
-        PhaseLine("srv", mode="html")
-
 
 
 def test_engine_card_shows_cheap_attributes_escaped_and_skips_failing_ones():

@@ -354,6 +354,32 @@ def test_many_prompts_go_in_chunks_and_every_one_gets_its_row(engine) -> None:
     assert res.df.completion_tokens.tolist() == [1] * 40
 
 
+def test_without_a_chunk_size_a_call_is_split_into_about_16_requests_of_at_most_256_prompts(engine) -> None:
+    assert engine._prepare(["a"] * 40, {})[0].chunk_size == 3      # 14 requests: progress in 14 steps
+    assert engine._prepare(["a"] * 3, {"n": 8})[0].chunk_size == 1  # one request per prompt and its 8 samples
+    assert engine._prepare(["a"] * 10_000, {})[0].chunk_size == 256
+    assert engine._prepare(["a"] * 40, {"chunk_size": 40})[0].chunk_size == 40  # a chunk_size given wins
+
+
+def test_a_generate_call_reports_progress_per_answered_request_and_ends_with_its_totals(engine, capfd) -> None:
+    from rlgen._progress import ProgressLine
+
+    seen: list[tuple[int, int]] = []
+    original = ProgressLine.advance
+
+    def spy(self, count=1, tokens=0):
+        seen.append((count, tokens))
+        original(self, count, tokens=tokens)
+
+    ProgressLine.advance = spy  # type: ignore[method-assign]
+    try:
+        engine.generate(["a", "b", "c", "d"], n=2, max_new_tokens=3, ignore_eos=True, progress=True)
+    finally:
+        ProgressLine.advance = original  # type: ignore[method-assign]
+    assert sorted(seen) == [(2, 6)] * 4  # one request per prompt (2 samples, 6 tokens each)
+    assert "generate: 8 samples · 24 tokens ·" in capfd.readouterr().err
+
+
 def test_by_default_enough_chunks_go_out_at_once_to_fill_the_batch_the_server_runs(engine) -> None:
     capacity = engine.server_info["internal_states"][0]["effective_max_running_requests_per_dp"]
     assert isinstance(capacity, int) and capacity > 1  # SGLang and the CPU backend both report it
@@ -423,7 +449,7 @@ def test_stream_yields_the_text_as_it_is_generated(engine) -> None:
     ({"temprature": 0.5}, TypeError, "did you mean 'temperature'"),
     ({"n": 0}, ValueError, "n must be an int >= 1"),
     ({"top_logprobs": -1}, ValueError, "top_logprobs must be an int >= 0"),
-    ({"chunk_size": True}, TypeError, "chunk_size must be an int, got bool"),
+    ({"chunk_size": True}, ValueError, "chunk_size must be an int >= 1 or None"),
     ({"stop": [1]}, TypeError, "stop must contain only str values"),
     ({"frequency_penalty": 0.5}, TypeError, "sampling_params="),
     ({"temperature": -1}, ValueError, "temperature must be >= 0"),

@@ -510,6 +510,35 @@ def test_parquet_round_trip_of_a_selection_and_of_an_empty_result(tmp_path):
     assert len(Rollouts.from_parquet(tmp_path / "empty.parquet")) == 0
 
 
+def test_the_view_after_a_parquet_round_trip_shows_the_same_token_text(tmp_path, model_path):
+    from transformers import AutoTokenizer
+
+    from rlgen._token_text import TokenText
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    ids = tok("The café\nis open", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    res = rollouts_from_responses([entry(ids)], prompt_ids=[[1, 2]], pad_token_id=tok.eos_token_id,
+                                  decode=TokenText(tok))
+    res.to_parquet(tmp_path / "r.parquet")
+    back = Rollouts.from_parquet(tmp_path / "r.parquet")
+    assert back.decode is not None and back.decode.source == tok.name_or_path
+    body = back._repr_html_()
+    assert "> café</span>" in body and ">↵\n</span>" in body and "&lt;|im_end|&gt;" in body
+    assert body == res._repr_html_().replace(f"run {res.df.run[0]}", f"run {back.df.run[0]}")
+
+
+def test_after_parquet_without_its_tokenizer_the_view_shows_ids_and_says_how_to_get_text(tmp_path, model_path):
+    from rlgen._token_text import TokenText
+
+    res = rollouts_from_responses([entry([5, 6, 7])], prompt_ids=[[1]], pad_token_id=2,
+                                  decode=TokenText.load(str(tmp_path / "moved-away")))
+    res.to_parquet(tmp_path / "r.parquet")
+    body = Rollouts.from_parquet(tmp_path / "r.parquet")._repr_html_()
+    assert ">5 </span>" in body and "from_parquet(path, tokenizer=...)" in body
+    given = Rollouts.from_parquet(tmp_path / "r.parquet", tokenizer=model_path)
+    assert given.decode is not None and given.decode([5, 6, 7]) and ">5 </span>" not in given._repr_html_()
+
+
 def test_a_file_written_before_the_rename_reads_its_latency_s_as_request_latency_s(tmp_path):
     res = two_by_two()
     old = res[:]
