@@ -1,10 +1,11 @@
-"""Notebook and terminal display: how results and progress look.
+"""Notebook and terminal display of results: how a Rollouts and an Engine look.
 
-Owns: the one-line text summary and the HTML table (with a per-token logprob heatmap) of a
-`Rollouts`, a small HTML card for an Engine, the progress-bar selection layer (tqdm.auto:
-widgets in notebooks, text elsewhere), and `PhaseLine`, the single status line shown while a
-server starts. Knows nothing about generation, HTTP or processes: it reads a `Rollouts` (CPU data
-only, so a repr never touches a GPU) or an Engine's plain attributes, or is told what to show.
+Owns: the one-line text summary and the HTML view of a `Rollouts` (a row per sample, the prompt
+once per group, the completion as a per-token logprob heatmap after the prompt's last tokens), the
+token-level pieces the rollout browser reuses (`completion_html`, `token_pieces`,
+`alternative_texts`), and a small HTML card for an Engine. Knows nothing about generation, HTTP,
+processes or progress (`_progress`): it reads a `Rollouts` (CPU data only, so a repr never touches
+a GPU) or an Engine's plain attributes.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ if TYPE_CHECKING:
     from ._results import Rollouts
 
 __all__ = [
+    "alternative_texts",
+    "completion_html",
     "engine_html",
     "logprob_color",
     "rollouts_html",
     "short_repr",
+    "token_pieces",
 ]
 
 
@@ -112,7 +116,7 @@ def _safe_decode(r: Rollouts, ids: list[int]) -> list[str] | None:
     return decoded if len(decoded) == len(ids) else None
 
 
-def _token_pieces(r: Rollouts, ids: list[int], texts: list[str | None] | None) -> list[str] | None:
+def token_pieces(r: Rollouts, ids: list[int], texts: list[str | None] | None) -> list[str] | None:
     """Per-token text: the server's token texts, else `r.decode(ids)`, else None (show ids)."""
     if texts is not None:
         return ["" if t is None else str(t) for t in texts]
@@ -143,7 +147,7 @@ def _piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
     return html.escape(text)
 
 
-def _alternatives(r: Rollouts, top_ids: Any) -> dict[int, str]:
+def alternative_texts(r: Rollouts, top_ids: Any) -> dict[int, str]:
     """Text of each top-k alternative id (decoded alone), for hover titles; {} without decode."""
     unique = sorted({int(a) for row in top_ids for a in row})
     texts: dict[int, str] = {}
@@ -175,16 +179,17 @@ def _prompt_tail_html(r: Rollouts, i: int) -> str:
     return '<span style="color:#888">…</span>' + "".join(spans) + _BOUNDARY
 
 
-def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
+def completion_html(r: Rollouts, i: int, *, max_tokens: int) -> str:
+    """Row i's response as a token heatmap after the prompt's last tokens (see rollouts_html)."""
     tok = r.tokens(i)
     ids = [int(t) for t in tok["ids"][:max_tokens]]
     texts = tok["texts"][:max_tokens] if tok["texts"] is not None else None
-    pieces = _token_pieces(r, ids, texts)
+    pieces = token_pieces(r, ids, texts)
     pad_id = r.pad_token_id
     lps = tok["logprobs"]
     top_lp = tok["top_logprobs"][:max_tokens] if tok["top_logprobs"] is not None else None
     top_ids = tok["top_ids"][:max_tokens] if tok["top_ids"] is not None else None
-    alt_texts = _alternatives(r, top_ids) if top_ids is not None else {}
+    alt_texts = alternative_texts(r, top_ids) if top_ids is not None else {}
     spans = [_prompt_tail_html(r, i)]
     for j, tid in enumerate(ids):
         if pieces is None:  # no text at all: the ids themselves, the pad/EOS id as a tag
@@ -218,7 +223,7 @@ def _completion_cell(r: Rollouts, i: int, *, max_tokens: int) -> str:
     # break-word also breaks a long run without spaces, so nothing runs off the right edge.
     return (
         '<div style="white-space:pre-wrap;word-break:break-word;overflow-wrap:anywhere;color:#111;'
-        f'line-height:1.5;text-align:left;min-width:20em">{body}</div>'
+        f'line-height:1.5;text-align:left;min-width:12em">{body}</div>'
     )
 
 
@@ -320,7 +325,9 @@ _STYLE = (
     ".jp-RenderedHTMLCommon .rlgen-rollouts table td, .jp-RenderedHTMLCommon .rlgen-rollouts table th, "
     f".rlgen-rollouts table td, .rlgen-rollouts table th {{{_CELLS}}}"
     ".jp-RenderedHTMLCommon .rlgen-rollouts table, .rlgen-rollouts table {margin-left:0; margin-right:0; max-width:100%}"
-    ".rlgen-rollouts .rlgen-prompt {max-width:18em; min-width:10em; white-space:pre-wrap; overflow-wrap:anywhere}"
+    # Inside a widget (the browser) the text would inherit nowrap and a 28 px line height.
+    ".rlgen-rollouts, .rlgen-browser {white-space:normal; line-height:1.4; max-width:100%}"
+    ".rlgen-rollouts .rlgen-prompt {max-width:18em; min-width:8em; white-space:pre-wrap; overflow-wrap:anywhere}"
     ".jp-RenderedHTMLCommon .rlgen-rollouts table td.rlgen-num, .rlgen-rollouts table td.rlgen-num {white-space:nowrap}"
     "</style>"
 )
@@ -354,10 +361,11 @@ def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max
             f'<td{num} title="{int(row["prompt_tokens"])} prompt tokens">{row["completion_tokens"]}</td>',
             f"<td{num}>{_fmt(row['logprob_mean'])}</td>",
             *(f"<td{num}>{html.escape(_fmt(row[c], 24))}</td>" for c in columns),
-            f"<td>{_completion_cell(r, pos, max_tokens=max_tokens)}</td>",
+            f"<td>{completion_html(r, pos, max_tokens=max_tokens)}</td>",
         ]
         rows_html.append("<tr>" + "".join(cells) + "</tr>")
-    header = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    # Long column names may break after "_" (reward_exact_match), so they do not widen the table.
+    header = "".join(f"<th>{html.escape(str(h)).replace('_', '_<wbr>')}</th>" for h in head)
     summary = html.escape(short_repr(r)[1:-1])
     if r.has_logprobs:
         summary += f" | colour (log scale): {_legend_html()} | hover a token for its id, logprob and top-k"

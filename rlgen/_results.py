@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from ._browser import RolloutBrowser
     from ._group_stats import AdvantageMethod
     from ._plots import RolloutPlots
     from ._reward_summary import RewardSummary
@@ -724,6 +725,19 @@ class Rollouts:
         )
 
     # -- display ---------------------------------------------------------------------------------
+    def browse(self, *, reward: str = "reward", widgets: bool | None = None) -> RolloutBrowser:
+        """A browser over these rows for a notebook: filter by finish reason, `reward` range and
+        text, step through prompt groups, read the selected sample's token heatmap and its least
+        likely tokens with their top-k alternatives.
+
+        `widgets`: None (auto) shows ipywidgets controls where a frontend widget manager is
+        attached (JupyterLab, VS Code) and the static HTML of the selection elsewhere (nbconvert,
+        a plain terminal); True or False forces either. The selection is also settable from code
+        (see `RolloutBrowser`)."""
+        from ._browser import RolloutBrowser
+
+        return RolloutBrowser(self, reward=reward, widgets=widgets)
+
     def __repr__(self) -> str:
         from ._display import short_repr
 

@@ -1,0 +1,283 @@
+"""The rollout browser: filter a Rollouts, step through its prompt groups, read one sample's tokens.
+
+Owns: the browser's selection (finish reason, reward range, text search, which group and which
+sample: `RolloutBrowser`'s plain attributes and `matching()`), the HTML it draws for a selection
+(the group through the view's table, then the selected sample's token heatmap and its least likely
+tokens with their top-k alternatives), and the ipywidgets controls around it. Where widgets cannot
+render (a static export, a frontend without the widget manager) the same HTML is in the output's
+text/html. Knows nothing about servers or generation: it reads a `Rollouts` and draws through
+`_display`.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._display import alternative_texts, completion_html, rollouts_html, token_pieces
+
+if TYPE_CHECKING:
+    from ._results import Rollouts
+
+__all__ = ["RolloutBrowser", "interactive_frontend", "sample_html"]
+
+# The least likely tokens of the selected sample listed with their alternatives.
+_SURPRISES = 8
+
+
+class RolloutBrowser:
+    """Browse `rollouts` a prompt group at a time: `res.browse()` in a notebook.
+
+    The selection is plain attributes, so it can be set from code as well as from the controls:
+    `finish` (a finish reason or None for all), `reward_range` ((low, high) or None), `search` (text
+    that the prompt or the completion must contain, case-insensitive), `group` (position among the
+    groups with matching rows) and `sample` (position among the group's matching rows).
+    """
+
+    def __init__(self, rollouts: Rollouts, *, reward: str = "reward", widgets: bool | None = None) -> None:
+        if widgets is not None and not isinstance(widgets, bool):
+            raise TypeError(f"widgets must be True, False or None (auto), got {widgets!r}")
+        self.rollouts = rollouts
+        self.reward = reward if reward in rollouts.df.columns else None
+        self.widgets = widgets
+        self.finish: str | None = None
+        self.reward_range: tuple[float, float] | None = None
+        self.search = ""
+        self.group = 0
+        self.sample = 0
+        self._widget: Any = None
+
+    # -- the selection -------------------------------------------------------------------------------
+    def matching(self) -> np.ndarray:
+        """Positions of the rows that pass the filters, in row order."""
+        df = self.rollouts.df
+        keep = np.ones(len(df), dtype=bool)
+        if self.finish is not None:
+            keep &= (df["finish_reason"] == self.finish).to_numpy()
+        if self.reward_range is not None and self.reward is not None:
+            low, high = self.reward_range
+            values = df[self.reward].to_numpy(dtype=np.float64)
+            keep &= (values >= low) & (values <= high)  # NaN rewards fall outside any range
+        if self.search:
+            needle = self.search.lower()
+            text = df["prompt"].fillna("").astype(str).str.lower() + "\n" + df["completion"].fillna("").astype(str).str.lower()
+            keep &= text.str.contains(needle, regex=False).to_numpy()
+        return np.flatnonzero(keep)
+
+    def groups(self) -> list[np.ndarray]:
+        """The matching rows, split into prompt groups (run, prompt_index), in order of first row."""
+        rows = self.matching()
+        df = self.rollouts.df
+        keys = list(zip(df["run"].to_numpy()[rows].tolist(), df["prompt_index"].to_numpy()[rows].tolist()))
+        order: dict[tuple[Any, Any], list[int]] = {}
+        for key, row in zip(keys, rows.tolist()):
+            order.setdefault(key, []).append(row)
+        return [np.asarray(v, dtype=np.int64) for v in order.values()]
+
+    def selected(self) -> tuple[np.ndarray, int | None]:
+        """(the current group's matching rows, the selected row), clamping group and sample."""
+        groups = self.groups()
+        if not groups:
+            self.group = self.sample = 0
+            return np.empty(0, dtype=np.int64), None
+        self.group = min(max(self.group, 0), len(groups) - 1)
+        rows = groups[self.group]
+        self.sample = min(max(self.sample, 0), len(rows) - 1)
+        return rows, int(rows[self.sample])
+
+    # -- drawing -------------------------------------------------------------------------------------
+    def html(self) -> str:
+        """The current selection as HTML: a status line, the group's rows, the selected sample."""
+        rows, row = self.selected()
+        n_groups = len(self.groups())
+        status = f"group {self.group + 1 if n_groups else 0} of {n_groups} matching ({len(self.matching())} of {len(self.rollouts)} rows)"
+        filters = self._filters_text()
+        head = f'<div style="font-family:monospace;color:#555">{html.escape(status + filters)}</div>'
+        if row is None:
+            return f'<div class="rlgen-browser">{head}<div style="color:#c80">no rows match these filters</div></div>'
+        group = self.rollouts[rows]
+        return (
+            f'<div class="rlgen-browser">{head}{rollouts_html(group, max_rows=len(rows))}'
+            f"{sample_html(self.rollouts, row, position=self.sample)}</div>"
+        )
+
+    def _filters_text(self) -> str:
+        parts = []
+        if self.finish is not None:
+            parts.append(f"finish = {self.finish}")
+        if self.reward_range is not None and self.reward is not None:
+            parts.append(f"{self.reward} in [{self.reward_range[0]:.3g}, {self.reward_range[1]:.3g}]")
+        if self.search:
+            parts.append(f"text contains {self.search!r}")
+        return " · " + ", ".join(parts) if parts else ""
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, Any]:
+        """The widget where a widget manager runs, else the static HTML (see `use_widgets`)."""
+        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self.html()}
+        widget = self.widget() if self.use_widgets() else None
+        if widget is not None:
+            view = widget._repr_mimebundle_()
+            if view:
+                bundle.update({k: v for k, v in view.items() if k != "text/plain"})
+        return bundle
+
+    def __repr__(self) -> str:
+        return f"<RolloutBrowser {len(self.groups())} groups, {len(self.matching())} of {len(self.rollouts)} rows>"
+
+    # -- widgets -------------------------------------------------------------------------------------
+    def use_widgets(self) -> bool:
+        """Whether the output is the widget: `widgets=True`, or auto (None) in a kernel that an
+        interactive frontend started (see `interactive_frontend`) with ipywidgets installed.
+
+        A widget output is blank wherever no widget manager renders it (a notebook executed by
+        nbconvert, nbclient or papermill, then exported or viewed statically), and exporters
+        prefer it over text/html: there the output is the static HTML of the selection.
+        """
+        if self.widgets is not None:
+            return self.widgets
+        from ._progress import in_notebook
+
+        if not in_notebook():
+            return False
+        try:
+            from ipywidgets import Widget
+        except ImportError:
+            return False
+        return getattr(Widget, "_control_comm", None) is not None or interactive_frontend()
+
+    def widget(self) -> Any:
+        """The ipywidgets controls and view (built once), or None where ipywidgets is missing."""
+        if self._widget is not None:
+            return self._widget
+        try:
+            import ipywidgets as w
+        except ImportError:
+            return None
+        df = self.rollouts.df
+        finishes = ["all", *sorted({str(f) for f in df["finish_reason"]})]
+        finish = w.Dropdown(options=finishes, value="all", description="finish", layout=w.Layout(width="14em"))
+        search = w.Text(placeholder="prompt or completion contains…", description="search", continuous_update=False)
+        controls: list[Any] = [finish]
+        reward: Any = None
+        if self.reward is not None:
+            values = df[self.reward].to_numpy(dtype=np.float64)
+            finite = values[np.isfinite(values)]
+            if len(finite) and finite.min() < finite.max():
+                low, high = float(finite.min()), float(finite.max())
+                reward = w.FloatRangeSlider(value=(low, high), min=low, max=high, step=(high - low) / 100,
+                                            description=self.reward, readout_format=".3g", continuous_update=False)
+                controls.append(reward)
+        controls.append(search)
+        previous, following = w.Button(description="◀ group", layout=w.Layout(width="7em")), w.Button(
+            description="group ▶", layout=w.Layout(width="7em"))
+        sample = w.Dropdown(options=[0], description="sample", layout=w.Layout(width="16em"))
+        view = w.HTML(layout=w.Layout(width="auto", overflow="auto"))
+
+        def redraw(*_: Any) -> None:
+            rows, _row = self.selected()
+            labels = [(f"{int(df['sample_index'].iat[r])} (row {int(df['row_id'].iat[r])})", k) for k, r in enumerate(rows.tolist())]
+            sample.unobserve(on_sample, "value")
+            sample.options = labels or [("-", 0)]
+            sample.value = self.sample if labels else 0
+            sample.observe(on_sample, "value")
+            view.value = self.html()
+
+        def on_filter(*_: Any) -> None:
+            self.finish = None if finish.value == "all" else finish.value
+            full = reward is not None and tuple(reward.value) == (reward.min, reward.max)
+            self.reward_range = None if reward is None or full else (float(reward.value[0]), float(reward.value[1]))
+            self.search = search.value.strip()
+            self.group = self.sample = 0
+            redraw()
+
+        def on_sample(change: Any) -> None:
+            self.sample = int(change["new"])
+            view.value = self.html()
+
+        def step(by: int) -> Any:
+            def go(_: Any) -> None:
+                self.group += by
+                self.sample = 0
+                redraw()
+            return go
+
+        for control in (finish, search, *([reward] if reward is not None else [])):
+            control.observe(on_filter, "value")
+        previous.on_click(step(-1))
+        following.on_click(step(+1))
+        sample.observe(on_sample, "value")
+        redraw()
+        self._widget = w.VBox([w.HBox(controls), w.HBox([previous, following, sample]), view],
+                              layout=w.Layout(width="auto"))
+        return self._widget
+
+
+def interactive_frontend(environ: Mapping[str, str] | None = None, user_ns: Mapping[str, Any] | None = None) -> bool:
+    """Whether this kernel was started for a person at a notebook frontend that renders widgets.
+
+    JupyterLab and Notebook 7 start kernels through jupyter_server, which sets JPY_SESSION_NAME
+    (seen in JupyterLab 4.6); VS Code's Jupyter extension starts them from its extension host
+    (VSCODE_* variables) and sets `__vsc_ipynb_file__` in the user namespace. Kernels that
+    nbclient, nbconvert, nbmake or papermill start have none of these.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("JPY_SESSION_NAME") or any(k.startswith("VSCODE_") for k in env):
+        return True
+    if user_ns is None:
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            user_ns = {} if shell is None else shell.user_ns
+        except ImportError:
+            user_ns = {}
+    return "__vsc_ipynb_file__" in user_ns
+
+
+def sample_html(r: Rollouts, i: int, *, position: int = 0) -> str:
+    """One sample in full: its token heatmap, then its least likely tokens with the alternatives."""
+    row = r.df.iloc[i]
+    title = (f"sample {row['sample_index']} (row {row['row_id']}) · {row['finish_reason']} · "
+             f"{row['completion_tokens']} tokens · mean logprob {row['logprob_mean']:.3f}")
+    heat = completion_html(r, i, max_tokens=4096)
+    return (
+        f'<div style="margin-top:8px;font-family:monospace;color:#333">{html.escape(title)}</div>'
+        f'<div style="border:1px solid #ccc;padding:4px;max-width:100%">{heat}</div>{_surprises_html(r, i)}'
+    )
+
+
+def _surprises_html(r: Rollouts, i: int) -> str:
+    """The sample's least likely tokens: where it went somewhere the model did not expect."""
+    tok = r.tokens(i)
+    lps = tok["logprobs"]
+    if lps is None or not len(lps):
+        return ""
+    lps = np.asarray(lps, dtype=np.float64)
+    order = [int(j) for j in np.argsort(np.where(np.isnan(lps), np.inf, lps))[:_SURPRISES] if not math.isnan(lps[j])]
+    ids = [int(t) for t in tok["ids"]]
+    pieces = token_pieces(r, ids, tok["texts"])
+    top_ids, top_lp = tok["top_ids"], tok["top_logprobs"]
+    alt_text = alternative_texts(r, top_ids[order]) if top_ids is not None else {}
+    rows = []
+    for j in order:
+        alts = ""
+        if top_ids is not None and top_lp is not None:
+            alts = ", ".join(f"{alt_text[int(a)]!r} {math.exp(float(b)):.3g}" if int(a) in alt_text else f"id {int(a)} {math.exp(float(b)):.3g}"
+                             for a, b in zip(top_ids[j], top_lp[j]) if not math.isnan(b))
+        text = repr(pieces[j]) if pieces is not None else f"id {ids[j]}"
+        rows.append(f"<tr><td>{j}</td><td>{html.escape(text)}</td><td>{math.exp(lps[j]):.3g}</td>"
+                    f"<td>{html.escape(alts) or '<span style=color:#888>(no top_logprobs)</span>'}</td></tr>")
+    return (
+        '<div class="rlgen-rollouts"><div style="margin-top:6px;color:#555">least likely tokens '
+        "(generate with top_logprobs=k to see what else the model considered)</div>"
+        "<table><thead><tr><th>position</th><th>token</th><th>p</th><th>top-k alternatives (p)</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
