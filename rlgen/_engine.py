@@ -562,7 +562,9 @@ class Engine:
             per_prompt={"logprob_start_len": [len(prompt_ids[i]) - 1 for i in todo]},
         )
         with self._progress_line(job, progress, label="score", unit="row") as line:
-            _loop.run_sync(run_generate(self._client, job, on_progress=line.advance), on_wait=line.tick)
+            # A scoring request generates one throwaway token per row: rows are the measure, not tok/s.
+            _loop.run_sync(run_generate(self._client, job, on_progress=lambda rows, _tokens: line.advance(rows)),
+                           on_wait=line.tick)
         answers = dict(zip(todo, job.results))
         entries = []
         for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):

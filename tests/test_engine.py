@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -378,6 +379,12 @@ def test_a_generate_call_reports_progress_per_answered_request_and_ends_with_its
         ProgressLine.advance = original  # type: ignore[method-assign]
     assert sorted(seen) == [(2, 6)] * 4  # one request per prompt (2 samples, 6 tokens each)
     assert "generate: 8 samples · 24 tokens ·" in capfd.readouterr().err
+
+
+def test_a_score_call_ends_with_rows_and_seconds_not_a_token_rate(engine, capfd) -> None:
+    engine.score(["a", "b"], ["x", "y"], progress=True)
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"score: 2 rows · [\d.]+ s", last.split("\r")[-1].strip()), last
 
 
 def test_by_default_enough_chunks_go_out_at_once_to_fill_the_batch_the_server_runs(engine) -> None:
