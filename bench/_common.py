@@ -61,7 +61,7 @@ SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
 # What the lent H200 needs (no FA3 kernels in its SGLang bundle); used when the variable is unset.
 DEFAULT_SITE_ARGS = "--attention-backend triton --sampling-backend pytorch"
 VOCAB_RANGE = (1000, 30000)  # token ids drawn for synthetic prompts: ordinary tokens of SmolLM2's 49k
-CHUNK_SIZE = 256             # rlgen's default prompts per /generate request
+CHUNK_SIZE = 256             # the most prompts per /generate request rlgen sends unless told (chunk_size=None)
 _T0 = time.monotonic()
 
 
@@ -534,10 +534,10 @@ def raise_fd_limit() -> None:
             pass
 
 
-def rlgen_generate(eng: Any, wl: Workload) -> Served:
-    """rlgen as a user calls it, including the DataFrame and the tensors."""
+def rlgen_generate(eng: Any, wl: Workload, **extra: Any) -> Served:
+    """rlgen as a user calls it, including the DataFrame and the tensors; `extra`: more generate() options."""
     res = eng.generate(wl.prompts, n=wl.n, logprobs=wl.logprobs, top_logprobs=wl.top_logprobs, progress=False,
-                       **wl.options)
+                       **wl.options, **extra)
     df = res.df
     tensors = res.tensors()
     if tensors["response_ids"].shape[0] != wl.n_samples:

@@ -8,19 +8,21 @@ this test skips, unless RLGEN_REQUIRE_BROWSER is set (CI sets it), then it fails
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import render_notebook
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parent.parent
-WIDTH = 1400
+WIDTH = render_notebook.WIDTH
 
 CELLS = [
     "import rlgen\neng = rlgen.Engine(progress=True)",
@@ -35,37 +37,10 @@ res''',
     "eng.close()",
 ]
 
-# Runs in the rendered page; its result is read back from the DOM Chromium dumps.
-MEASURE = """
-<script>
-window.addEventListener('load', () => {
-  const cells = [...document.querySelectorAll('.rlgen-rollouts td')];
-  const first = cells[0];
-  const tokens = [...document.querySelectorAll('.rlgen-rollouts span[title^="response token"]')].map(s => s.innerText).join('');
-  const outputs = [...document.querySelectorAll('.jp-OutputArea-output')].map(o => o.innerText);
-  const tables = [...document.querySelectorAll('.rlgen-rollouts table')].map(t => Math.round(t.getBoundingClientRect().right));
-  const result = {
-    lab_styles: document.querySelectorAll('.jp-RenderedHTMLCommon').length,
-    doc_width: document.documentElement.scrollWidth,
-    table_right: tables,
-    text_align: first ? getComputedStyle(first).textAlign : null,
-    vertical_align: first ? getComputedStyle(first).verticalAlign : null,
-    tokens: tokens,
-    progress: outputs.filter(t => /generate/.test(t) && !/Rollouts/.test(t)),
-    browser: document.querySelectorAll('.rlgen-browser').length,
-    browser_text: [...document.querySelectorAll('.rlgen-browser')].map(b => b.innerText).join(''),
-  };
-  const pre = document.createElement('pre');
-  pre.id = 'rlgen-measure';
-  pre.textContent = JSON.stringify(result);
-  document.body.appendChild(pre);
-});
-</script>
-"""
 
 
 def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    path = render_notebook.find_chromium()
     if path is None:
         if os.environ.get("RLGEN_REQUIRE_BROWSER"):
             pytest.fail("RLGEN_REQUIRE_BROWSER is set but chromium is missing: run `bash scripts/browser.sh`")
@@ -73,23 +48,12 @@ def chromium() -> str:
     return path
 
 
-def run_chromium(browser: str, page: Path, *args: str) -> str:
-    proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--window-size={WIDTH},3000", "--virtual-time-budget=5000", *args, page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> tuple[dict, Path]:
     browser = chromium()
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    nbconvert = pytest.importorskip("nbconvert")
+    pytest.importorskip("nbconvert")
     out = tmp_path_factory.mktemp("render")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c.replace("rlgen.Engine(", f"rlgen.Engine({model_path!r}, ")) for c in CELLS]
@@ -103,20 +67,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> tuple
         else:
             os.environ["PYTHONPATH"] = env_before
     nbformat.write(nb, out / "view.ipynb")
-    body, _ = nbconvert.HTMLExporter(template_name="lab").from_notebook_node(nb)
-    (out / "view.html").write_text(body, encoding="utf-8")
-    page = out / "measured.html"
-    page.write_text(body.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
-    dom = run_chromium(browser, page, "--dump-dom")
-    found = re.search(r'<pre id="rlgen-measure">(.*?)</pre>', dom, re.S)
-    assert found, "the measuring script did not run"
-    shots = os.environ.get("RLGEN_SCREENSHOT_DIR")
-    if shots:  # for a person to look at: the same page as a picture
+    shots = os.environ.get("RLGEN_SCREENSHOT_DIR")  # for a person to look at: the same page as a picture
+    measure = render_notebook.render(nb, out, "view", browser=browser, screenshot_height=3000 if shots else None)
+    if shots:
         Path(shots).mkdir(parents=True, exist_ok=True)
-        run_chromium(browser, out / "view.html", f"--screenshot={Path(shots) / 'view.png'}")
-    import html
-
-    return json.loads(html.unescape(found.group(1))), out
+        shutil.copy(out / "view.png", Path(shots) / "view.png")
+    return measure, out
 
 
 def test_the_page_is_styled_by_jupyterlab(rendered):

@@ -5,6 +5,8 @@
 #   3. the generate/result tests on SGLang (tests/test_engine.py with RLGEN_TEST_BACKEND=sglang)
 #   4. the notebooks on SGLang (nbmake): quickstart, reward debugging, group advantages
 #   5. the reward tests (no server; they run on the GPU machine's Python and packages)
+#   6. view: the notebook view and browser executed on SGLang (scripts/gpu/view.py), and
+#      bench/request_size.py (generate's ~16 requests per call vs one request of up to 256 prompts)
 # Results land in $OUT (summaries are committed under docs/gpu/).
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
@@ -35,13 +37,18 @@ rewards() {
   "${PYTEST[@]}" tests/test_rewards.py tests/rewards tests/test_reward_exec.py tests/test_reward_styles.py \
     tests/test_group_stats.py tests/test_plots.py --junitxml="$OUT/rewards.xml" > "$OUT/rewards.txt" 2>&1
 }
+view() {
+  python3 scripts/gpu/view.py > "$OUT/view.txt" 2>&1
+  python3 bench/request_size.py --out "$OUT/request_size.json" > "$OUT/request_size.txt" 2>&1
+  tail -12 "$OUT/request_size.txt" >> "$OUT/view.txt"
+}
 lifecycle() {
   "${PYTEST[@]}" -s tests/test_gpu.py --junitxml="$OUT/lifecycle.xml" > "$OUT/lifecycle.txt" 2>&1
 }
-for step in conformance generate notebook lifecycle rewards; do
+for step in conformance generate notebook lifecycle rewards view; do
   if [[ $STEPS == *$step* ]]; then $step; fi
 done
-for step in conformance generate notebook lifecycle rewards; do
+for step in conformance generate notebook lifecycle rewards view; do
   [ -f "$OUT/$step.txt" ] && { echo "== $step"; tail -2 "$OUT/$step.txt"; }
 done
 ps aux | grep -E "[s]glang|[c]pu_server" | head -5 > "$OUT/leftover-processes.txt"; echo "leftover server processes: $(wc -l < "$OUT/leftover-processes.txt")"
