@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -48,6 +49,14 @@ def model_path() -> str:
     from rlgen._models import default_model_path
 
     return str(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def tok(model_path: str) -> Any:
+    """The test model's tokenizer (transformers), loaded once."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
 
 
 @pytest.fixture

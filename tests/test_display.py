@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 import re
 
-import pytest
-
 from rlgen._display import engine_html, logprob_color, rollouts_html
 from rlgen._response_arrays import failed_entry
 from rlgen._results import Rollouts, rollouts_from_responses
@@ -231,13 +229,6 @@ def test_the_html_repr_does_not_build_tensors():
 
 
 # -- token texts from a real tokenizer --------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tok(model_path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
 
 
 COMPLETION = "The capital of France\n\nis Paris. Le café 日本 🙂!"

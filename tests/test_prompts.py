@@ -8,13 +8,6 @@ import pytest
 from rlgen._prompts import normalize_prompts, prompt_data
 
 
-@pytest.fixture(scope="module")
-def tok(model_path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
 def norm(prompts, tok, *, context=8192, max_new=16):
     return normalize_prompts(prompts, tokenizer=tok, vocab_size=len(tok), context_length=context, max_new_tokens=max_new)
 

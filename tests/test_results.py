@@ -510,12 +510,9 @@ def test_parquet_round_trip_of_a_selection_and_of_an_empty_result(tmp_path):
     assert len(Rollouts.from_parquet(tmp_path / "empty.parquet")) == 0
 
 
-def test_the_view_after_a_parquet_round_trip_shows_the_same_token_text(tmp_path, model_path):
-    from transformers import AutoTokenizer
-
+def test_the_view_after_a_parquet_round_trip_shows_the_same_token_text(tmp_path, tok):
     from rlgen._token_text import TokenText
 
-    tok = AutoTokenizer.from_pretrained(model_path)
     ids = tok("The café\nis open", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     res = rollouts_from_responses([entry(ids)], prompt_ids=[[1, 2]], pad_token_id=tok.eos_token_id,
                                   decode=TokenText(tok))

@@ -6,14 +6,6 @@ import pytest
 
 from rlgen._token_text import TokenText
 
-
-@pytest.fixture(scope="module")
-def tok(model_path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
 COMPLETION = "The capital of France\n\nis Paris. Le café 日本 🙂!"
 
 
