@@ -48,8 +48,11 @@ class Client:
         *,
         request_timeout: float | None = None,
         on_connection_error: Callable[[], None] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # Sent as `Authorization: Bearer <key>` on every request, as SGLang's --api-key expects.
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.request_timeout = request_timeout
         self._on_connection_error = on_connection_error
         self._session: Any = None  # aiohttp.ClientSession, created on the loop on first use
@@ -66,6 +69,7 @@ class Client:
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10),
                 json_serialize=lambda obj: orjson.dumps(obj).decode(),
+                headers=self._headers,
             )
         return self._session
 
@@ -195,6 +199,8 @@ def _status_error(path: str, status: int, raw: bytes) -> ServerRequestError:
         err = body.get("error")
         message = err.get("message", err) if isinstance(err, dict) else (err or body.get("message") or body)
     text = str(message)
+    if status == 401:
+        text += " (the server requires an API key: Engine.connect(url, api_key=...))"
     return ServerRequestError(f"{path} failed with HTTP {status}: {text}", status=status, body=text)
 
 

@@ -97,6 +97,9 @@ class Engine:
         host, port: where the server listens (loopback and a free port by default).
         log_dir: directory for the server log (default under ~/.cache/rlgen/servers/).
         env: environment variables for the server process.
+        api_key: require this key on the server (SGLang's `--api-key`; every route but /health*
+            and /metrics) and send it. It is on the server's command line (visible to local users
+            through `ps`), never in rlgen's logs or registry records.
     """
 
     # -- construction ----------------------------------------------------------------------------
@@ -117,11 +120,14 @@ class Engine:
         port: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         from ._progress import PhaseLine
         from ._server import launch_server
 
-        self._init_common(progress=progress, request_timeout=request_timeout)
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise ValueError("api_key must be a non-empty string or None")
+        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key)
         self._server: ServerProcess | None = None
         if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
@@ -140,6 +146,8 @@ class Engine:
             enable_metrics=enable_metrics,
             server_args=server_args,
         )
+        if api_key is not None:
+            argv += ["--api-key", api_key]  # kept out of logs and registry records (`redacted`)
         # 2) Load the tokenizer while the server starts (a kernel's first transformers import takes
         #    seconds). Stop servers left behind by dead kernels (their GPU memory is ours to reuse),
         #    then launch and wait for a real one-token generation, showing one status line.
@@ -174,6 +182,7 @@ class Engine:
         tokenizer: Any = None,
         request_timeout: float | None = None,
         progress: bool | None = None,
+        api_key: str | None = None,
     ) -> Engine:
         """Attach to a running SGLang server (remote, multi-node, a router). close() never stops it.
 
@@ -181,15 +190,16 @@ class Engine:
             url: the server's base URL, e.g. "http://10.0.0.5:30000".
             tokenizer: a tokenizer object or a local path for it; default: the server's
                 `tokenizer_path` (must exist on this machine).
+            api_key: the server's `--api-key`, sent as `Authorization: Bearer <key>`.
         """
         self = cls.__new__(cls)
-        self._init_common(progress=progress, request_timeout=request_timeout)
+        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key)
         self._server = None
         self.url = url.rstrip("/")
         self.backend = "remote"
         self._memory_saver = True  # the server's choice; SGLang answers if it cannot
         self._metrics_enabled = True
-        probe = Client(self.url)
+        probe = Client(self.url, api_key=api_key)
         try:
             info = _loop.run_sync(probe.get_info("model", timeout=30))
         finally:
@@ -199,9 +209,10 @@ class Engine:
         self._connect(tokenizer=tokenizer if tokenizer is not None else (info.get("tokenizer_path") or self.model_path))
         return self
 
-    def _init_common(self, *, progress: bool | None, request_timeout: float | None) -> None:
+    def _init_common(self, *, progress: bool | None, request_timeout: float | None, api_key: str | None = None) -> None:
         self._state = EngineState.FAILED  # until _connect() succeeds
         self._progress = progress
+        self._api_key = api_key
         self._request_timeout = request_timeout
         self.last_result: Rollouts | None = None  # the last generate()'s result, also when it was interrupted
         self._gpu_memory_released: bool | None = None
@@ -210,7 +221,8 @@ class Engine:
         self._released: set[str] = set()      # memory tags released and not yet resumed
 
     def _connect(self, *, tokenizer: Any) -> None:
-        self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error)
+        self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error,
+                              api_key=self._api_key)
         self.tokenizer = _load_tokenizer(tokenizer)
         self._token_text = TokenText(self.tokenizer)  # each result's decode: token text for its view
         self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()

@@ -48,6 +48,7 @@ from . import _process_tree, _registry, _server_log
 from ._errors import ServerDiedError, ServerStartupError
 from ._launch_options import LaunchOptions
 from ._process_tree import ProcessTree, ShutdownReport, reap, wait_gpu_memory_released
+from ._server_command import redacted
 from ._server_log import PHASES
 
 __all__ = [
@@ -418,7 +419,7 @@ def _spawn(config: LaunchOptions, port: int, log_path: Path, attempt: int) -> Pr
             env[key] = value
     with open(log_path, "wb") as log:
         # One line, even for a `python -c` script, so that log readers can drop it by its prefix.
-        command_line = shlex.join(cmd).replace("\n", "\\n")
+        command_line = shlex.join(redacted(cmd)).replace("\n", "\\n")
         log.write(f"{_server_log.LOG_HEADER}attempt {attempt} on port {port}: {command_line}\n".encode())
         log.flush()
         tree = _process_tree.spawn(cmd, env=env, stdout=log, pdeathsig=config.pdeathsig)
@@ -440,7 +441,7 @@ def _register(tree: ProcessTree, config: LaunchOptions, port: int, log_path: Pat
             host=config.host,
             owner_pid=owner_pid,
             owner_start_time=owner_start,
-            argv=[*config.argv, "--host", config.host, "--port", str(port)],
+            argv=redacted([*config.argv, "--host", config.host, "--port", str(port)]),
             log_path=str(log_path),
             started_at=time.time(),
         )

@@ -19,7 +19,7 @@ from typing import Any
 from ._errors import EngineError
 
 __all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend",
-           "server_argv"]
+           "redacted", "server_argv"]
 
 # Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
 # fills a large GPU with KV cache whatever the model's size; a notebook shares its GPU with its
@@ -54,6 +54,17 @@ def choose_backend(backend: str) -> str:
         if torch.cuda.is_available():
             return "sglang"
     return "cpu"
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """`argv` with the value of `--api-key` replaced by "***", for logs and registry records."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--api-key" and i + 1 < len(out):
+            out[i + 1] = "***"
+        elif arg.startswith("--api-key="):
+            out[i] = "--api-key=***"
+    return out
 
 
 def server_argv(

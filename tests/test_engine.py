@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -611,3 +612,24 @@ def test_per_prompt_data_joins_every_sample_of_its_prompt_and_chats_keep_their_m
     assert res[2:].df["answer"].tolist() == ["B", "B"]  # data follows selection
     with pytest.raises(ValueError, match="data has 1 rows for 2 prompts"):
         engine.generate(chats, max_new_tokens=1, data={"answer": ["A"]})
+
+
+@cpu_only
+@pytest.mark.timeout(180)
+def test_a_server_with_an_api_key_refuses_requests_without_it_and_the_engine_sends_it(model_path: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    with cpu_engine(model_path, api_key="s3cret-key") as eng:
+        assert eng.generate("Hi", max_new_tokens=2, ignore_eos=True).df.completion_tokens.tolist() == [2]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(eng.url + "/server_info", timeout=10)
+        assert refused.value.code == 401
+        assert urllib.request.urlopen(eng.url + "/health", timeout=10).status == 200  # as SGLang: health is open
+        with pytest.raises(rlgen.ServerRequestError, match=r"HTTP 401.*api_key="):
+            rlgen.Engine.connect(eng.url, progress=False)
+        other = rlgen.Engine.connect(eng.url, progress=False, api_key="s3cret-key")
+        assert other.generate("Hi", max_new_tokens=1).df.completion_tokens.tolist() == [1]
+        other.close()
+        assert "s3cret-key" not in Path(eng.log_path).read_text()
+        assert all("s3cret-key" not in " ".join(r["argv"]) for r in rlgen.list_servers())

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache: every prompt is prefilled whole")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    parser.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer <key>` on every route but /health* and /metrics, as SGLang")
     # Accepted for SGLang compatibility; they change nothing on the CPU (/release_memory_occupation
     # frees memory with or without --enable-memory-saver).
     parser.add_argument("--enable-memory-saver", action="store_true")
@@ -125,7 +127,8 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
         served_model_name=args.served_model_name or args.model_path,
     )
     # A short shutdown_timeout: on SIGTERM, open streams must not hold the exit for a minute.
-    web_runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    web_runner = web.AppRunner(build_app(state, api_key=args.api_key), access_log=None, handle_signals=False,
+                               shutdown_timeout=2.0)
     await web_runner.setup()
     try:
         await web.TCPSite(web_runner, args.host, args.port).start()

@@ -13,6 +13,7 @@ owns (the runner has its own). Results come back from the scheduler thread throu
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import math
 import time
@@ -105,8 +106,25 @@ async def _internal_errors(request: web.Request,
         return _json({"object": "error", "message": f"Internal server error: {e!r}", "type": "500", "param": None, "code": 500}, 500)
 
 
-def build_app(state: BackendState) -> web.Application:
-    app = web.Application(client_max_size=1 << 30, middlewares=[_internal_errors])  # big prompt batches are normal
+def _api_key_check(api_key: str) -> Any:
+    """SGLang's `--api-key` rule: every route but /health* and /metrics (and OPTIONS) needs
+    `Authorization: Bearer <key>`, else 401 {"error": "Unauthorized"}."""
+    expected = f"Bearer {api_key}"
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if request.method == "OPTIONS" or request.path.startswith(("/health", "/metrics")):
+            return await handler(request)
+        if not hmac.compare_digest(request.headers.get("Authorization", ""), expected):
+            return _json({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    return check
+
+
+def build_app(state: BackendState, *, api_key: str | None = None) -> web.Application:
+    middlewares = [_internal_errors] if not api_key else [_api_key_check(api_key), _internal_errors]
+    app = web.Application(client_max_size=1 << 30, middlewares=middlewares)  # big prompt batches are normal
     routes = Routes(state)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/health_generate", routes.health)
