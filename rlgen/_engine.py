@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from . import _loop, _options, _server_info
+from . import _keep_alive, _loop, _options, _server_info
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
 from ._models import resolve_model
 from ._options import GenerateOptions, StreamOptions, takes_options
 from ._prompts import PromptBatch, normalize_prompts, prompt_data
-from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
+from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, redacted, server_argv
 from ._token_text import TokenText
 from ._types import Prompt, Prompts
 
@@ -100,7 +100,21 @@ class Engine:
         api_key: require this key on the server (SGLang's `--api-key`; every route but /health*
             and /metrics) and send it. It is on the server's command line (visible to local users
             through `ps`), never in rlgen's logs or registry records.
+        keep_alive: keep the server after this Engine and its kernel are gone, for this long
+            after its last use ("15m", "90s", "1h" or seconds), so that the next Engine with the
+            same model and server options, in any kernel of this user, reattaches in about a
+            second instead of starting one. It holds its GPU memory while it waits. `close()`
+            detaches, `close(stop=True)` stops it; `rlgen.list_servers()` shows kept servers.
+            None (default): the server dies with this Engine or its kernel.
     """
+
+    _api_key: str | None        # sent as Authorization: Bearer <key>
+    _kept: _keep_alive.Kept | None  # a kept server (keep_alive=): not owned by this Engine, shared
+    reattached: bool            # True when this Engine reattached to a kept server
+    # Where the constructor's time went: tokenizer_s (loaded in a background thread while the
+    # server starts), server_s (launch until healthy, or finding and attaching a kept server),
+    # total_s (the constructor, end to end).
+    start_times: dict[str, float]
 
     # -- construction ----------------------------------------------------------------------------
     def __init__(
@@ -121,12 +135,14 @@ class Engine:
         log_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         api_key: str | None = None,
+        keep_alive: str | float | None = None,
     ) -> None:
         from ._progress import PhaseLine
         from ._server import launch_server
 
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
+        keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key)
         self._server: ServerProcess | None = None
         if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
@@ -146,33 +162,78 @@ class Engine:
             enable_metrics=enable_metrics,
             server_args=server_args,
         )
-        if api_key is not None:
-            argv += ["--api-key", api_key]  # kept out of logs and registry records (`redacted`)
         # 2) Load the tokenizer while the server starts (a kernel's first transformers import takes
         #    seconds). Stop servers left behind by dead kernels (their GPU memory is ours to reuse),
         #    then launch and wait for a real one-token generation, showing one status line.
-        tokenizer = _in_background(_load_tokenizer, resolved.path)
+        t0 = time.monotonic()
+        tokenizer = _in_background(_timed_load_tokenizer, resolved.path, self.start_times)
         _reap_leftovers()
         line = PhaseLine(f"rlgen {self.backend} server", show=progress)
+        notes: list[str] = []
+        if keep_s is not None:
+            # 2b) A kept server of this user with these very options: reattach instead of launching.
+            key = _keep_alive.options_key(argv, host, port, dict(env or {}))
+            kept, notes = _keep_alive.find(key, resolved.path, argv)
+            if kept is not None:
+                self._reattach(kept, tokenizer, line, notes, t0=t0)
+                return
+            api_key = api_key or _keep_alive.new_api_key()  # each kept server requires its own key
+            self._api_key = api_key
+        if api_key is not None:
+            argv += ["--api-key", api_key]  # kept out of logs and registry records (`redacted`)
+        t_server = time.monotonic()
         try:
             server = launch_server(
                 argv, host=host, port=port, env=env, log_dir=log_dir,
                 startup_timeout=startup_timeout, on_phase=line.update,
+                _pdeathsig=keep_s is None,  # a kept server outlives this process
             )
         except BaseException:
             self._state = EngineState.FAILED
             line.close(ok=False)
             raise
-        line.close(ok=True)
-        self._server = server
         self.url = server.url
+        self.start_times["server_s"] = time.monotonic() - t_server
+        if keep_s is not None and api_key is not None:
+            server.release()  # its watchdog stops it now, not this process
+            self._kept = _keep_alive.keep(
+                pid=int(server.pid or 0), key=key, url=server.url, api_key=api_key, keep_alive_s=keep_s,
+                model=self.model, model_path=resolved.path, backend=self.backend, argv=argv,
+                log_dir=server.log_path.parent,
+            )
+            notes.insert(0, f"kept {_duration(keep_s)} after its last use")
+        else:
+            self._server = server
+        line.close(ok=True, message="; ".join(["ready", *notes]))
         # 3) Client, tokenizer and what the server says about itself.
         try:
             self._connect(tokenizer=tokenizer.result())
         except BaseException:
             self._state = EngineState.FAILED
+            if self._kept is not None:
+                _keep_alive.stop(self._kept)
             server.close()
             raise
+        self.start_times["total_s"] = time.monotonic() - t0
+
+    def _reattach(self, kept: _keep_alive.Kept, tokenizer: concurrent.futures.Future[Any], line: Any, notes: list[str],
+                  *, t0: float) -> None:
+        """Use kept server `kept` instead of launching one: attach, then connect with its key."""
+        idle = kept.idle_s()
+        self._kept = _keep_alive.attach(kept)
+        self._api_key = kept.api_key
+        self.url = kept.url
+        self.reattached = True
+        self.start_times["server_s"] = time.monotonic() - t0
+        try:
+            self._connect(tokenizer=tokenizer.result())
+            self.start_times["total_s"] = time.monotonic() - t0
+        except BaseException:
+            self._state = EngineState.FAILED
+            _keep_alive.detach(self._kept)
+            line.close(ok=False, message=f"could not reattach to kept server pid {kept.pid}")
+            raise
+        line.close(ok=True, message="; ".join([f"reattached to pid {kept.pid} (idle {_duration(idle)})", *notes]))
 
     @classmethod
     def connect(
@@ -213,6 +274,9 @@ class Engine:
         self._state = EngineState.FAILED  # until _connect() succeeds
         self._progress = progress
         self._api_key = api_key
+        self._kept = None
+        self.reattached = False
+        self.start_times = {}  # True when this Engine reattached to a kept server
         self._request_timeout = request_timeout
         self.last_result: Rollouts | None = None  # the last generate()'s result, also when it was interrupted
         self._gpu_memory_released: bool | None = None
@@ -252,17 +316,28 @@ class Engine:
 
     @property
     def log_path(self) -> str | None:
-        """The server's log file (None for a server this Engine attached to)."""
+        """The server's log file (None for a server this Engine attached to with `connect`)."""
+        if self._kept is not None:
+            return self._kept.record.log_path
         return str(self._server.log_path) if self._server is not None else None
 
-    def close(self) -> None:
-        """Stop the server this Engine owns (never one it attached to). Idempotent."""
+    def close(self, *, stop: bool = False) -> None:
+        """Stop the server this Engine owns (never one it attached to). Idempotent.
+
+        A kept server (`keep_alive=`) is only detached: its idle timer starts now; `stop=True`
+        stops it at once.
+        """
         if self._state is EngineState.CLOSED:
             return
         self._state = EngineState.CLOSED
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
+        if self._kept is not None:
+            if stop:
+                _keep_alive.stop(self._kept)
+            else:
+                _keep_alive.detach(self._kept)
         server = getattr(self, "_server", None)
         if server is not None:
             server.close()
@@ -297,6 +372,16 @@ class Engine:
         from ._version import __version__
 
         server = self._server
+        kept = self._kept
+        if kept is not None:
+            return {
+                "state": self.state.value, "model": self.model, "model_path": self.model_path, "backend": self.backend,
+                "url": self.url, "pid": kept.pid, "port": kept.record.port, "log_path": self.log_path,
+                "command": kept.record.argv, "context_length": self.context_length,
+                "server_version": self._server_info.get("version"), "rlgen_version": __version__,
+                "gpu_memory_mib": gpu_memory_mib([kept.pid]),
+                "kept": _registry_kept_summary(kept.pid),
+            }
         return {
             "state": self.state.value,
             "model": self.model,
@@ -306,7 +391,7 @@ class Engine:
             "pid": server.pid if server is not None else None,
             "port": server.port if server is not None else None,
             "log_path": self.log_path,
-            "command": server.argv if server is not None else None,
+            "command": redacted(server.argv) if server is not None else None,
             "context_length": self.context_length,
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,
@@ -679,6 +764,21 @@ class Engine:
 # Helpers for construction
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _registry_kept_summary(pid: int) -> dict[str, Any] | None:
+    from ._registry import kept_summary, read_kept
+
+    state = read_kept(pid)
+    return None if state is None else kept_summary(state, now=time.time())
+
+
 def _reap_leftovers() -> None:
     from ._server import reap
 
@@ -700,6 +800,14 @@ def _in_background(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Fut
 
     threading.Thread(target=run, name="rlgen-tokenizer", daemon=True).start()
     return future
+
+
+def _timed_load_tokenizer(tokenizer: Any, times: dict[str, float]) -> Any:
+    t0 = time.monotonic()
+    try:
+        return _load_tokenizer(tokenizer)
+    finally:
+        times["tokenizer_s"] = time.monotonic() - t0
 
 
 def _load_tokenizer(tokenizer: Any) -> Any:

@@ -64,6 +64,7 @@ __all__ = [
     "is_exiting",
     "reap",
     "spawn",
+    "stop_recorded",
     "wait_gpu_memory_released",
 ]
 
@@ -351,19 +352,41 @@ def _group_members(pgid: int) -> set[int]:
 # Reaping servers whose owner died
 
 
-def reap(*, dry_run: bool = False, grace: float = 5.0) -> list[dict[str, Any]]:
+def stop_recorded(record: _registry.ServerRecord, *, grace: float = 5.0) -> tuple[int, ...]:
+    """Stop the tree of a recorded server this process did not spawn (a kept server): SIGTERM its
+    group, `grace` s, SIGKILL; then delete its record. Returns the pids still alive after it."""
+    _, leftovers = _terminate_tree(record.pgid, record.create_time, {record.pid: record.create_time}, grace=grace)
+    _registry.remove_record(record.pid)
+    return leftovers
+
+
+def reap(*, dry_run: bool = False, grace: float = 5.0, kept: bool = False) -> list[dict[str, Any]]:
     """Stop servers whose owner process is gone, and delete stale records.
 
     A server is reaped when its owner pid is not alive, or is alive but is a different process
     (pid reuse: another create time). Servers of live owners, including this process, are never
-    touched. Returns one dict per record acted on: the record plus `status` ("orphaned" or
-    "gone"), `action` ("stopped", "record removed", or with dry_run "would stop" / "would remove
-    record") and `leftover_pids`.
+    touched. A kept server (`Engine(keep_alive=...)`) is owned by its idle watchdog, so it is left
+    alone until it expires, unless `kept=True` asks to stop kept servers too. Returns one dict per
+    record acted on: the record plus `status` ("orphaned", "gone" or "kept"), `action` ("stopped",
+    "record removed", or with dry_run "would stop" / "would remove record") and `leftover_pids`.
     """
     check_grace(grace)
     found = []
     for record in _registry.read_records():
         status = _registry.record_status(record)
+        if kept and status == _registry.RUNNING and _registry.read_kept(record.pid) is not None:
+            entry = {**record.to_dict(), "status": "kept", "leftover_pids": []}
+            if dry_run:
+                entry["action"] = "would stop"
+            else:
+                kept_state = _registry.read_kept(record.pid) or {}
+                watchdog = kept_state.get("watchdog")
+                entry["leftover_pids"] = list(stop_recorded(record, grace=grace))
+                if watchdog:  # its server is gone: it would exit within a poll anyway
+                    _signal_all(None, {int(watchdog[0]): float(watchdog[1])}, signal.SIGTERM)
+                entry["action"] = "stopped"
+            found.append(entry)
+            continue
         if status in (_registry.RUNNING, _registry.OTHER_HOST):
             continue
         entry = {**record.to_dict(), "status": status, "leftover_pids": []}

@@ -31,14 +31,19 @@ from ._paths import cache_dir
 
 __all__ = [
     "ServerRecord",
+    "kept_path",
+    "kept_summary",
     "list_servers",
     "owner_identity",
+    "private_registry_dir",
     "process_alive",
+    "read_kept",
     "read_records",
     "record_status",
     "registry_dir",
     "remove_record",
     "servers_dir",
+    "write_kept",
     "write_record",
 ]
 
@@ -104,15 +109,23 @@ def owner_identity() -> tuple[int, float]:
     return os.getpid(), psutil.Process().create_time()
 
 
-def write_record(record: ServerRecord) -> Path:
-    """Write `record` atomically (temp file + rename), so a reader never sees half a record."""
+def private_registry_dir() -> Path:
+    """The registry directory, created (or tightened) to mode 0700: kept servers' records hold
+    their API keys, so no other user may list or read them."""
     directory = registry_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{record.pid}.json"
-    fd, tmp = tempfile.mkstemp(prefix=f".{record.pid}.", suffix=".tmp", dir=directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if directory.stat().st_uid == os.getuid() and directory.stat().st_mode & 0o077:
+        directory.chmod(0o700)
+    return directory
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> Path:
+    """Write `data` to `path` atomically (temp file + rename) and private (mkstemp's mode 0600), so
+    a reader never sees half a record and no other user reads it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record.to_dict(), f, indent=1)
+            json.dump(data, f, indent=1)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -120,9 +133,40 @@ def write_record(record: ServerRecord) -> Path:
     return path
 
 
+def write_record(record: ServerRecord) -> Path:
+    """Write `record` atomically and privately (see `_write_json`)."""
+    return _write_json(private_registry_dir() / f"{record.pid}.json", record.to_dict())
+
+
 def remove_record(pid: int) -> None:
-    """Delete the record of server `pid`, if there is one."""
+    """Delete the record of server `pid` and its keep-alive state, if there are any."""
     (registry_dir() / f"{pid}.json").unlink(missing_ok=True)
+    (registry_dir() / f"{pid}.kept.json").unlink(missing_ok=True)
+
+
+# -- keep-alive state: `<pid>.kept.json` beside a kept server's record ---------------------------
+
+
+def kept_path(pid: int) -> Path:
+    return registry_dir() / f"{pid}.kept.json"
+
+
+def write_kept(pid: int, state: dict[str, Any]) -> Path:
+    """Write a kept server's state (see `_keep_alive.KeptState`), atomically and privately."""
+    return _write_json(private_registry_dir() / f"{pid}.kept.json", state)
+
+
+def read_kept(pid: int) -> dict[str, Any] | None:
+    """A kept server's state, or None if there is none, it does not parse, or another user owns it
+    (only the user who kept a server may reattach to it)."""
+    path = kept_path(pid)
+    try:
+        if path.stat().st_uid != os.getuid():
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def read_records() -> list[ServerRecord]:
@@ -134,6 +178,8 @@ def read_records() -> list[ServerRecord]:
         return []
     records = []
     for path in directory.glob("*.json"):
+        if path.name.endswith(".kept.json"):
+            continue
         try:
             records.append(ServerRecord.from_dict(json.loads(path.read_text())))
         except (OSError, ValueError, KeyError, TypeError):
@@ -172,7 +218,30 @@ def list_servers() -> list[dict[str, Any]]:
     stops it), "gone" (the server exited: a stale record `reap()` deletes), or "other host".
     """
     now = time.time()
-    return [
-        {**record.to_dict(), "status": record_status(record), "age_s": round(now - record.started_at, 1)}
-        for record in read_records()
-    ]
+    out = []
+    for record in read_records():
+        entry = {**record.to_dict(), "status": record_status(record), "age_s": round(now - record.started_at, 1)}
+        kept = read_kept(record.pid)
+        if kept is not None:
+            entry["kept"] = kept_summary(kept, now=now)
+        out.append(entry)
+    return out
+
+
+def kept_summary(kept: dict[str, Any], *, now: float) -> dict[str, Any]:
+    """What `list_servers` shows of a kept server: keep-alive, attached engine, idle time and time
+    left (None while an engine is attached: the idle timer does not run then). No API key."""
+    attached = kept.get("attached")
+    attached_pid = int(attached[0]) if isinstance(attached, list) and len(attached) == 2 else None
+    live = attached_pid is not None and process_alive(attached_pid, float(attached[1]))  # type: ignore[index]
+    idle = None if live else max(0.0, now - float(kept.get("idle_since", now)))
+    keep = float(kept.get("keep_alive_s", 0))
+    return {
+        "keep_alive_s": keep,
+        "attached_pid": attached_pid if live else None,
+        "idle_s": None if idle is None else round(idle, 1),
+        "time_left_s": None if idle is None else round(max(0.0, keep - idle), 1),
+        "model": kept.get("model"),
+        "options": kept.get("options"),
+        "user": kept.get("user"),
+    }

@@ -272,6 +272,13 @@ class ServerProcess:
             report = self._owned.report
         return report if report is not None else ShutdownReport(None, False, (), 0.0)
 
+    def release(self) -> None:
+        """Stop owning the server: it keeps running after this object and this process are gone
+        (close(), garbage collection and exit no longer stop it; its registry record stays). For a
+        server launched without the parent-death signal, which something else will stop."""
+        self._finalizer.detach()
+        self._state = ServerState.CLOSED
+
     def __enter__(self) -> ServerProcess:
         return self
 
