@@ -175,7 +175,7 @@ class Engine:
             key = _keep_alive.options_key(argv, host, port, dict(env or {}))
             kept, notes = _keep_alive.find(key, resolved.path, argv)
             if kept is not None:
-                self._reattach(kept, tokenizer, line, notes, t0=t0)
+                self._reattach(kept, tokenizer, line, notes, t0=t0, keep_alive_s=keep_s)
                 return
             api_key = api_key or _keep_alive.new_api_key()  # each kept server requires its own key
             self._api_key = api_key
@@ -217,10 +217,11 @@ class Engine:
         self.start_times["total_s"] = time.monotonic() - t0
 
     def _reattach(self, kept: _keep_alive.Kept, tokenizer: concurrent.futures.Future[Any], line: Any, notes: list[str],
-                  *, t0: float) -> None:
-        """Use kept server `kept` instead of launching one: attach, then connect with its key."""
+                  *, t0: float, keep_alive_s: float) -> None:
+        """Use kept server `kept` instead of launching one: attach (this Engine's keep_alive from
+        now on), then connect with its key."""
         idle = kept.idle_s()
-        self._kept = _keep_alive.attach(kept)
+        self._kept = _keep_alive.attach(kept, keep_alive_s=keep_alive_s)
         self._api_key = kept.api_key
         self.url = kept.url
         self.reattached = True

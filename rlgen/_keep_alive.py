@@ -180,9 +180,12 @@ def keep(*, pid: int, key: str, url: str, api_key: str, keep_alive_s: float, mod
                                                   "owner_start_time": watchdog[1]}), state)
 
 
-def attach(kept: Kept) -> Kept:
-    """This process now uses `kept`: its idle clock stops until `detach` (or this process dies)."""
+def attach(kept: Kept, *, keep_alive_s: float | None = None) -> Kept:
+    """This process now uses `kept`: its idle clock stops until `detach` (or this process dies).
+    `keep_alive_s`: the attaching Engine's keep-alive, which from now on is the server's."""
     state = {**kept.state, "attached": list(_registry.owner_identity())}
+    if keep_alive_s is not None:
+        state["keep_alive_s"] = keep_alive_s
     _registry.write_kept(kept.pid, state)
     return Kept(kept.record, state)
 
