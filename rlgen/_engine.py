@@ -277,7 +277,7 @@ class Engine:
         self._api_key = api_key
         self._kept = None
         self.reattached = False
-        self.start_times = {}  # True when this Engine reattached to a kept server
+        self.start_times = {}
         self._request_timeout = request_timeout
         self.last_result: Rollouts | None = None  # the last generate()'s result, also when it was interrupted
         self._gpu_memory_released: bool | None = None

@@ -8,8 +8,9 @@ record's ownership to it and records the attached engine), `attach` / `detach` (
 ends using it), `stop`, and the watchdog itself (`python -m rlgen._keep_alive <pid>`).
 
 The watchdog is a small process in its own session, not a child of the kernel. Every
-`POLL_S` it reads the kept state: while the attached engine's process lives the server is in use;
-once none is attached (closed, or its kernel died) the idle clock runs from that moment, and after
+`POLL_S` it reads the kept state: while the process of any attached engine lives the server is in
+use (several kernels may share one); once none is (closed, or kernels died) the idle clock runs from
+that moment, and after
 `keep_alive_s` the watchdog stops the server's process group, deletes the records and exits. It
 also exits when the server dies or its state file disappears (someone stopped it). Because the
 registry record names the watchdog as the server's owner, `reap()` leaves a kept server alone while
@@ -160,7 +161,7 @@ def keep(*, pid: int, key: str, url: str, api_key: str, keep_alive_s: float, mod
     state: dict[str, Any] = {
         "key": key, "url": url, "api_key": api_key, "keep_alive_s": keep_alive_s, "model": model,
         "model_path": model_path, "backend": backend, "options": _options_shown(redacted(argv)),
-        "user": getpass.getuser(), "attached": list(me), "idle_since": time.time(), "watchdog": None,
+        "user": getpass.getuser(), "attached": [list(me)], "idle_since": time.time(), "watchdog": None,
     }
     _registry.write_kept(pid, state)
     log = open(log_dir / "watchdog.log", "ab")  # noqa: SIM115 - the child keeps the descriptor
@@ -183,7 +184,9 @@ def keep(*, pid: int, key: str, url: str, api_key: str, keep_alive_s: float, mod
 def attach(kept: Kept, *, keep_alive_s: float | None = None) -> Kept:
     """This process now uses `kept`: its idle clock stops until `detach` (or this process dies).
     `keep_alive_s`: the attaching Engine's keep-alive, which from now on is the server's."""
-    state = {**kept.state, "attached": list(_registry.owner_identity())}
+    state = _registry.read_kept(kept.pid) or kept.state
+    me = list(_registry.owner_identity())
+    state = {**state, "attached": [*(a for a in _attached(state) if a != me), me]}
     if keep_alive_s is not None:
         state["keep_alive_s"] = keep_alive_s
     _registry.write_kept(kept.pid, state)
@@ -195,9 +198,14 @@ def detach(kept: Kept) -> None:
     state = _registry.read_kept(kept.pid)
     if state is None:
         return
-    attached = state.get("attached")
-    if isinstance(attached, list) and attached and attached[0] == os.getpid():
-        _registry.write_kept(kept.pid, {**state, "attached": None, "idle_since": time.time()})
+    others = [a for a in _attached(state) if a[0] != os.getpid()]
+    _registry.write_kept(kept.pid, {**state, "attached": others, **({} if others else {"idle_since": time.time()})})
+
+
+def _attached(state: dict[str, Any]) -> list[list[Any]]:
+    """The [pid, create_time] of every engine attached to a kept server."""
+    value = state.get("attached") or []
+    return [list(a) for a in value if isinstance(a, list) and len(a) == 2]
 
 
 def stop(kept: Kept, *, grace: float = 5.0) -> tuple[int, ...]:
@@ -233,8 +241,8 @@ def watch(pid: int) -> int:
             _registry.remove_record(pid)
             return 0
         now = time.time()
-        attached = state.get("attached")
-        if attached and _registry.process_alive(int(attached[0]), float(attached[1])):
+        attached = _attached(state)
+        if any(_registry.process_alive(int(pid), float(ctime)) for pid, ctime in attached):
             last_in_use = now
         else:
             idle_since = max(float(state.get("idle_since", now)), last_in_use if attached else 0.0)

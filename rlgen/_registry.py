@@ -231,14 +231,13 @@ def list_servers() -> list[dict[str, Any]]:
 def kept_summary(kept: dict[str, Any], *, now: float) -> dict[str, Any]:
     """What `list_servers` shows of a kept server: keep-alive, attached engine, idle time and time
     left (None while an engine is attached: the idle timer does not run then). No API key."""
-    attached = kept.get("attached")
-    attached_pid = int(attached[0]) if isinstance(attached, list) and len(attached) == 2 else None
-    live = attached_pid is not None and process_alive(attached_pid, float(attached[1]))  # type: ignore[index]
+    attached = [a for a in kept.get("attached") or [] if isinstance(a, list) and len(a) == 2]
+    live = [int(pid) for pid, ctime in attached if process_alive(int(pid), float(ctime))]
     idle = None if live else max(0.0, now - float(kept.get("idle_since", now)))
     keep = float(kept.get("keep_alive_s", 0))
     return {
         "keep_alive_s": keep,
-        "attached_pid": attached_pid if live else None,
+        "attached_pids": live,
         "idle_s": None if idle is None else round(idle, 1),
         "time_left_s": None if idle is None else round(max(0.0, keep - idle), 1),
         "model": kept.get("model"),

@@ -51,7 +51,7 @@ def test_a_kept_server_outlives_its_engine_and_the_next_engine_reattaches_within
         assert second.reattached and second.info["pid"] == pid
         assert reattach_s < 2.0, f"reattaching took {reattach_s:.2f} s"
         assert second.generate("Hi", max_new_tokens=2, ignore_eos=True).df.completion_tokens.tolist() == [2]
-        assert second.info["kept"]["attached_pid"] == os.getpid()
+        assert second.info["kept"]["attached_pids"] == [os.getpid()]
     finally:
         second.close(stop=True)
     assert wait_gone(pid, 10) and rlgen.list_servers() == []
@@ -69,6 +69,24 @@ def test_the_idle_watchdog_stops_a_kept_server_no_client_comes_back_to(isolated,
     assert wait_gone(pid, 15), "the kept server outlived its keep_alive"
     assert 1.0 < time.monotonic() - t0 < 10
     assert wait_gone(watchdog, 10) and rlgen.list_servers() == []
+
+
+@pytest.mark.timeout(180)
+def test_two_engines_share_a_kept_server_and_it_stays_while_either_is_attached(isolated, model_path):
+    import subprocess
+    import sys
+
+    eng = kept_engine(model_path, keep_alive=1.5)
+    pid = eng.info["pid"]
+    # Another process (another kernel) attaches, then detaches: this one is still attached.
+    code = (f"import rlgen; e = rlgen.Engine({model_path!r}, backend='cpu', progress=False, keep_alive=1.5); "
+            "assert e.reattached; e.close()")
+    subprocess.run([sys.executable, "-c", code], timeout=120, check=True, capture_output=True)
+    time.sleep(3)
+    assert psutil.pid_exists(pid), "the server was stopped while an engine was still attached"
+    assert eng.generate("Hi", max_new_tokens=1).df.completion_tokens.tolist() == [1]
+    eng.close()
+    assert wait_gone(pid, 15)
 
 
 @pytest.mark.timeout(180)
@@ -141,12 +159,12 @@ def test_reap_leaves_kept_servers_alone_until_asked_and_list_servers_shows_their
     eng = kept_engine(model_path, keep_alive="10m")
     pid = eng.info["pid"]
     [entry] = rlgen.list_servers()
-    assert entry["kept"]["attached_pid"] == os.getpid() and entry["kept"]["idle_s"] is None
+    assert entry["kept"]["attached_pids"] == [os.getpid()] and entry["kept"]["idle_s"] is None
     eng.close()
     time.sleep(1.0)
     [entry] = rlgen.list_servers()
     kept = entry["kept"]
-    assert kept["attached_pid"] is None and 0.5 < kept["idle_s"] < 10 and 590 < kept["time_left_s"] < 600
+    assert kept["attached_pids"] == [] and 0.5 < kept["idle_s"] < 10 and 590 < kept["time_left_s"] < 600
     assert "api_key" not in kept and kept["keep_alive_s"] == 600
     assert rlgen.reap() == [] and psutil.pid_exists(pid)
     [stopped] = rlgen.reap(kept=True)
