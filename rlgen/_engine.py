@@ -400,8 +400,9 @@ class Engine:
         }
 
     def __repr__(self) -> str:
-        server = getattr(self, "_server", None)
-        where = f"pid={server.pid} " if server is not None else ""
+        server, kept = getattr(self, "_server", None), getattr(self, "_kept", None)
+        pid = server.pid if server is not None else (kept.pid if kept is not None else None)
+        where = (f"pid={pid} " if pid is not None else "") + ("kept " if kept is not None else "")
         return f"<rlgen.Engine {self.model!r} backend={self.backend} {where}url={self.url} state={self.state.value}>"
 
     def _repr_html_(self) -> str:

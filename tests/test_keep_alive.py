@@ -52,6 +52,7 @@ def test_a_kept_server_outlives_its_engine_and_the_next_engine_reattaches_within
         assert reattach_s < 2.0, f"reattaching took {reattach_s:.2f} s"
         assert second.generate("Hi", max_new_tokens=2, ignore_eos=True).df.completion_tokens.tolist() == [2]
         assert second.info["kept"]["attached_pids"] == [os.getpid()]
+        assert f"pid={pid} kept" in repr(second)
     finally:
         second.close(stop=True)
     assert wait_gone(pid, 10) and rlgen.list_servers() == []
