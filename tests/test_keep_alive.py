@@ -44,6 +44,18 @@ def test_a_kept_server_outlives_its_engine_and_the_next_engine_reattaches_within
     assert first.reattached is False
     first.close()
     assert psutil.pid_exists(pid)  # detached, not stopped
+    # Private: the registry is 0700, its files 0600, another user's state is ignored, and the
+    # server refuses requests without its key (it holds GPU memory for anyone who reaches the port).
+    directory = _registry.registry_dir()
+    assert directory.stat().st_mode & 0o777 == 0o700
+    for path in directory.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    if os.getuid() == 0:  # as root, hand the state file to another user: it must be ignored
+        os.chown(_registry.kept_path(pid), 4242, 4242)
+        assert _registry.read_kept(pid) is None
+        os.chown(_registry.kept_path(pid), 0, 0)
+    with pytest.raises(rlgen.ServerRequestError, match="401"):
+        rlgen.Engine.connect(f"http://127.0.0.1:{first.info['port']}", progress=False)
     t0 = time.monotonic()
     second = kept_engine(model_path)
     reattach_s = time.monotonic() - t0
@@ -103,9 +115,18 @@ def test_a_dead_kernel_starts_the_idle_clock_too(isolated, model_path, tmp_path)
 
 
 @pytest.mark.timeout(240)
-def test_other_options_start_a_new_server_and_say_why_the_kept_one_was_not_reused(isolated, model_path, capfd):
-    first = kept_engine(model_path)
+def test_other_options_start_a_new_server_and_say_why_and_reap_and_list_servers_treat_kept_ones_right(
+        isolated, model_path, capfd):
+    first = kept_engine(model_path, keep_alive="10m")
+    [entry] = rlgen.list_servers()
+    assert entry["kept"]["attached_pids"] == [os.getpid()] and entry["kept"]["idle_s"] is None
     first.close()
+    time.sleep(1.0)
+    [entry] = rlgen.list_servers()
+    kept = entry["kept"]
+    assert kept["attached_pids"] == [] and 0.5 < kept["idle_s"] < 10 and 590 < kept["time_left_s"] < 600
+    assert "api_key" not in kept and kept["keep_alive_s"] == 600
+    assert rlgen.reap() == [] and psutil.pid_exists(first.info["pid"])  # left alone until it expires
     second = rlgen.Engine(model_path, backend="cpu", keep_alive="60s", enable_metrics=True)
     try:
         assert not second.reattached and second.info["pid"] != first.info["pid"]
@@ -113,8 +134,9 @@ def test_other_options_start_a_new_server_and_say_why_the_kept_one_was_not_reuse
         assert f"kept server pid {first.info['pid']} not reused: this call adds --enable-metrics" in err
     finally:
         second.close(stop=True)
-        stopped = rlgen.reap(kept=True)
-    assert [s["pid"] for s in stopped] == [first.info["pid"]]
+        stopped = rlgen.reap(kept=True)  # asked: kept servers are stopped too
+    assert [(s["pid"], s["action"]) for s in stopped] == [(first.info["pid"], "stopped")]
+    assert wait_gone(first.info["pid"], 10)
 
 
 @pytest.mark.timeout(180)
@@ -131,46 +153,6 @@ def test_a_kept_server_that_died_is_replaced_not_reattached(isolated, model_path
     finally:
         second.close(stop=True)
     assert wait_gone(watchdog, 10)
-
-
-@pytest.mark.timeout(180)
-def test_kept_records_are_private_and_another_users_are_never_reattached(isolated, model_path):
-    first = kept_engine(model_path)
-    pid = first.info["pid"]
-    first.close()
-    directory = _registry.registry_dir()
-    assert directory.stat().st_mode & 0o777 == 0o700
-    for path in directory.iterdir():
-        assert path.stat().st_mode & 0o777 == 0o600, path
-    if os.getuid() == 0:  # as root, hand the state file to another user: it must be ignored
-        os.chown(_registry.kept_path(pid), 4242, 4242)
-        assert _registry.read_kept(pid) is None
-        os.chown(_registry.kept_path(pid), 0, 0)
-    # The server refuses requests without its key (it holds a notebook's GPU memory for anyone
-    # who can reach the port otherwise).
-    with pytest.raises(rlgen.ServerRequestError, match="401"):
-        rlgen.Engine.connect(f"http://127.0.0.1:{_registry.read_records()[0].port}", progress=False)
-    second = kept_engine(model_path)
-    second.close(stop=True)
-    assert second.reattached
-
-
-@pytest.mark.timeout(180)
-def test_reap_leaves_kept_servers_alone_until_asked_and_list_servers_shows_their_idle_time(isolated, model_path):
-    eng = kept_engine(model_path, keep_alive="10m")
-    pid = eng.info["pid"]
-    [entry] = rlgen.list_servers()
-    assert entry["kept"]["attached_pids"] == [os.getpid()] and entry["kept"]["idle_s"] is None
-    eng.close()
-    time.sleep(1.0)
-    [entry] = rlgen.list_servers()
-    kept = entry["kept"]
-    assert kept["attached_pids"] == [] and 0.5 < kept["idle_s"] < 10 and 590 < kept["time_left_s"] < 600
-    assert "api_key" not in kept and kept["keep_alive_s"] == 600
-    assert rlgen.reap() == [] and psutil.pid_exists(pid)
-    [stopped] = rlgen.reap(kept=True)
-    assert stopped["pid"] == pid and stopped["action"] == "stopped"
-    assert wait_gone(pid, 10)
 
 
 def test_keep_alive_durations_read_as_people_write_them():
