@@ -180,7 +180,9 @@ class Engine:
             api_key = api_key or _keep_alive.new_api_key()  # each kept server requires its own key
             self._api_key = api_key
         if api_key is not None:
-            argv += ["--api-key", api_key]  # kept out of logs and registry records (`redacted`)
+            # One argument, so a key that starts with "-" is not read as a flag; kept out of logs
+            # and registry records (`redacted`).
+            argv.append(f"--api-key={api_key}")
         t_server = time.monotonic()
         try:
             server = launch_server(

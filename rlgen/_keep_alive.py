@@ -64,7 +64,8 @@ def parse_duration(value: str | float | int) -> float:
 
 
 def new_api_key() -> str:
-    return secrets.token_urlsafe(24)
+    """48 hex digits: never starts with "-" (which a command line would read as a flag)."""
+    return secrets.token_hex(24)
 
 
 def options_key(argv: Sequence[str], host: str, port: int | None, env: dict[str, str] | None) -> str:
