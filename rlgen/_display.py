@@ -167,7 +167,8 @@ _BOUNDARY = '<span title="prompt | response" style="color:#c33;font-weight:bold"
 
 def _prompt_tail_html(r: Rollouts, i: int) -> str:
     """The prompt's last few tokens, grey and dashed (not part of the response), then "│"."""
-    ids = [int(t) for t in r.id_lists("prompt")[i][-_PROMPT_TAIL:]] if len(r) else []
+    # One row's prompt only: the whole result's lists would cost O(rows) per drawn row.
+    ids = [int(t) for t in r[[i]].id_lists("prompt")[0][-_PROMPT_TAIL:]] if len(r) else []
     if not ids:
         return ""
     pieces = _safe_decode(r, ids)
@@ -299,7 +300,8 @@ def _mask_note(r: Rollouts, shown: Any) -> str:
     """What the colours cover, and the pad = EOS trap when a shown response ends with the pad id."""
     text = ("Coloured tokens are the response: response_ids where response_mask is 1 (the EOS included); "
             "the dashed grey tokens before │ are the prompt's last tokens.")
-    ends = sum(1 for i in range(len(shown)) if len(r.tokens(i)["ids"]) and int(r.tokens(i)["ids"][-1]) == r.pad_token_id)
+    last_ids = (r.tokens(i)["ids"][-1:] for i in range(len(shown)))
+    ends = sum(1 for last in last_ids if len(last) and int(last[0]) == r.pad_token_id)
     if ends:
         text += (f" The pad id {r.pad_token_id} is also the last token of {ends} shown response{'s' if ends != 1 else ''}"
                  f" (this model's EOS): mask with response_mask, not response_ids != {r.pad_token_id}, or the EOS is dropped.")
