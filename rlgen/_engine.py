@@ -374,32 +374,31 @@ class Engine:
         from ._process_tree import gpu_memory_mib
         from ._version import __version__
 
-        server = self._server
-        kept = self._kept
-        if kept is not None:
-            return {
-                "state": self.state.value, "model": self.model, "model_path": self.model_path, "backend": self.backend,
-                "url": self.url, "pid": kept.pid, "port": kept.record.port, "log_path": self.log_path,
-                "command": kept.record.argv, "context_length": self.context_length,
-                "server_version": self._server_info.get("version"), "rlgen_version": __version__,
-                "gpu_memory_mib": gpu_memory_mib([kept.pid]),
-                "kept": _registry_kept_summary(kept.pid),
-            }
-        return {
+        server, kept = self._server, self._kept
+        # Where the server is: one this Engine owns, a kept one it shares, or none (connect()).
+        pid, port, command, pids = (
+            (server.pid, server.port, redacted(server.argv), server.pids()) if server is not None
+            else (kept.pid, kept.record.port, kept.record.argv, [kept.pid]) if kept is not None
+            else (None, None, None, None)
+        )
+        info = {
             "state": self.state.value,
             "model": self.model,
             "model_path": self.model_path,
             "backend": self.backend,
             "url": self.url,
-            "pid": server.pid if server is not None else None,
-            "port": server.port if server is not None else None,
+            "pid": pid,
+            "port": port,
             "log_path": self.log_path,
-            "command": redacted(server.argv) if server is not None else None,
+            "command": command,
             "context_length": self.context_length,
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,
-            "gpu_memory_mib": gpu_memory_mib(server.pids()) if server is not None else None,
+            "gpu_memory_mib": gpu_memory_mib(pids) if pids is not None else None,
         }
+        if kept is not None:
+            info["kept"] = _registry_kept_summary(kept.pid)
+        return info
 
     def __repr__(self) -> str:
         server, kept = getattr(self, "_server", None), getattr(self, "_kept", None)

@@ -155,7 +155,7 @@ def keep(*, pid: int, key: str, url: str, api_key: str, keep_alive_s: float, mod
          backend: str, argv: Sequence[str], log_dir: Path) -> Kept:
     """Make the freshly launched (and released) server `pid` a kept one: write its state with this
     process attached, start its watchdog, and make the watchdog the registry record's owner."""
-    record = next((r for r in _registry.read_records() if r.pid == pid), None)
+    record = _registry.read_record(pid)
     if record is None:
         raise RuntimeError(f"server pid {pid} has no registry record to keep")
     me = _registry.owner_identity()
@@ -176,10 +176,10 @@ def keep(*, pid: int, key: str, url: str, api_key: str, keep_alive_s: float, mod
     watchdog = (proc.pid, psutil.Process(proc.pid).create_time())
     state["watchdog"] = list(watchdog)
     _registry.write_kept(pid, state)
-    _registry.write_record(_registry.ServerRecord.from_dict(
-        {**record.to_dict(), "owner_pid": watchdog[0], "owner_start_time": watchdog[1]}))
-    return Kept(_registry.ServerRecord.from_dict({**record.to_dict(), "owner_pid": watchdog[0],
-                                                  "owner_start_time": watchdog[1]}), state)
+    owned = _registry.ServerRecord.from_dict({**record.to_dict(), "owner_pid": watchdog[0],
+                                             "owner_start_time": watchdog[1]})
+    _registry.write_record(owned)
+    return Kept(owned, state)
 
 
 def attach(kept: Kept, *, keep_alive_s: float | None = None) -> Kept:
@@ -211,12 +211,7 @@ def _attached(state: dict[str, Any]) -> list[list[Any]]:
 
 def stop(kept: Kept, *, grace: float = 5.0) -> tuple[int, ...]:
     """Stop a kept server now, and its watchdog; returns pids still alive afterwards."""
-    state = _registry.read_kept(kept.pid) or kept.state
-    leftovers = _process_tree.stop_recorded(kept.record, grace=grace)
-    watchdog = state.get("watchdog")
-    if watchdog and _registry.process_alive(int(watchdog[0]), float(watchdog[1])):
-        os.kill(int(watchdog[0]), signal.SIGTERM)
-    return leftovers
+    return _process_tree.stop_recorded(kept.record, grace=grace)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,7 +222,7 @@ def watch(pid: int) -> int:
     """Run the idle watchdog of kept server `pid` until it stops it, the server dies, or its state
     file disappears. Returns the exit status."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    record = next((r for r in _registry.read_records() if r.pid == pid), None)
+    record = _registry.read_record(pid)
     if record is None:
         print(f"watchdog: no record for server {pid}", flush=True)
         return 1
@@ -243,7 +238,7 @@ def watch(pid: int) -> int:
             return 0
         now = time.time()
         attached = _attached(state)
-        if any(_registry.process_alive(int(pid), float(ctime)) for pid, ctime in attached):
+        if any(_registry.process_alive(int(engine), float(ctime)) for engine, ctime in attached):
             last_in_use = now
         else:
             idle_since = max(float(state.get("idle_since", now)), last_in_use if attached else 0.0)

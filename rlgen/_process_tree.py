@@ -354,9 +354,14 @@ def _group_members(pgid: int) -> set[int]:
 
 def stop_recorded(record: _registry.ServerRecord, *, grace: float = 5.0) -> tuple[int, ...]:
     """Stop the tree of a recorded server this process did not spawn (a kept server): SIGTERM its
-    group, `grace` s, SIGKILL; then delete its record. Returns the pids still alive after it."""
+    group, `grace` s, SIGKILL; delete its records; and SIGTERM its idle watchdog, if it has one and
+    that is not this process (the watchdog itself stops servers this way). Returns the pids still
+    alive after it."""
+    watchdog = (_registry.read_kept(record.pid) or {}).get("watchdog")
     _, leftovers = _terminate_tree(record.pgid, record.create_time, {record.pid: record.create_time}, grace=grace)
     _registry.remove_record(record.pid)
+    if watchdog:  # its server is gone: it would also exit at its next poll
+        _signal_all(None, {int(watchdog[0]): float(watchdog[1])}, signal.SIGTERM)
     return leftovers
 
 
@@ -379,11 +384,7 @@ def reap(*, dry_run: bool = False, grace: float = 5.0, kept: bool = False) -> li
             if dry_run:
                 entry["action"] = "would stop"
             else:
-                kept_state = _registry.read_kept(record.pid) or {}
-                watchdog = kept_state.get("watchdog")
                 entry["leftover_pids"] = list(stop_recorded(record, grace=grace))
-                if watchdog:  # its server is gone: it would exit within a poll anyway
-                    _signal_all(None, {int(watchdog[0]): float(watchdog[1])}, signal.SIGTERM)
                 entry["action"] = "stopped"
             found.append(entry)
             continue

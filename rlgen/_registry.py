@@ -38,6 +38,7 @@ __all__ = [
     "private_registry_dir",
     "process_alive",
     "read_kept",
+    "read_record",
     "read_records",
     "record_status",
     "registry_dir",
@@ -114,7 +115,8 @@ def private_registry_dir() -> Path:
     their API keys, so no other user may list or read them."""
     directory = registry_dir()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if directory.stat().st_uid == os.getuid() and directory.stat().st_mode & 0o077:
+    info = directory.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
         directory.chmod(0o700)
     return directory
 
@@ -167,6 +169,14 @@ def read_kept(pid: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_record(pid: int) -> ServerRecord | None:
+    """The record of server `pid`, or None if there is none or it does not parse."""
+    try:
+        return ServerRecord.from_dict(json.loads((registry_dir() / f"{pid}.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_records() -> list[ServerRecord]:
