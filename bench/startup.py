@@ -375,7 +375,7 @@ def report(record: C.Record, configs: list[str]) -> None:
                   [[_label(r, warm), *(C.fmt((r.get("phases") or {}).get(k, {}).get("s"), ".1f") for k in mark_keys),
                     C.fmt(r.get("ready_s"), ".1f"), C.fmt(r.get("first_token_s"), ".1f")] for r in timed])
     C.print_table("... as segments (s; a missing marker's time is in the next segment)", ["config", *(s[0] for s in SEGMENTS)],
-                  [[_label(r, warm), *(C.fmt(v, ".1f") for v in _segments(r))] for r in timed])
+                  [[_label(r, warm), *(C.fmt(v, ".1f") for v in segments(r))] for r in timed])
 
     side = record.data.get("side_by_side") or {}
     results = side.get("results") or {}
@@ -423,7 +423,7 @@ def _label(run: dict[str, Any], warm: dict[str, Any] | None) -> str:
     return f"{run['config']} (warm-up start)" if run is warm else run["config"]
 
 
-def _segments(run: dict[str, Any]) -> list[float | None]:
+def segments(run: dict[str, Any]) -> list[float | None]:
     """Seconds spent in each of SEGMENTS (None where its end point is missing)."""
     phases = run.get("phases") or {}
     previous, out = 0.0, []
@@ -434,7 +434,7 @@ def _segments(run: dict[str, Any]) -> list[float | None]:
     return out
 
 
-def _import_client(model: str) -> float:
+def import_client(model: str) -> float:
     """Import rlgen and load the tokenizer once, so no timed start pays this process's first imports.
 
     A fresh notebook pays them once on its first Engine; the time is recorded as client_imports_s.
@@ -474,7 +474,7 @@ def main() -> None:
         C.log("sglang-defaults SKIPPED: --backend cpu (a raw SGLang launch needs SGLang on a GPU)")
     s = (4, 8, 4) if args.quick else (256, 64, 128)
     workload = C.token_workload("a", *s, seed=1)
-    client_imports_s = _import_client(model)
+    client_imports_s = import_client(model)
     triton_cache = Path.home() / ".triton" / "cache"
     record.data.update(model=model, workload=workload.summary(), runs=[], logs=str(C.logs_dir(args.out, "")),
                        client_imports_s=client_imports_s,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
-from startup import SEGMENTS, LogWatcher, _import_client, _segments
+from startup import SEGMENTS, LogWatcher, import_client, segments
 
 PAIRS = 3
 
@@ -103,7 +103,7 @@ def main() -> None:
         C.site_flags()
     model = C.model_path(args.model)
     record = C.Record(args.out, args, "bench/startup_overhead.py")
-    record.data.update(model=model, bare_argv=bare_argv(model, args.backend), client_imports_s=_import_client(model),
+    record.data.update(model=model, bare_argv=bare_argv(model, args.backend), client_imports_s=import_client(model),
                        runs=[])
     record.save()
     rng = random.Random(0)
@@ -124,7 +124,7 @@ def report(record: C.Record) -> None:
     per = {kind: {"runs": [r for r in runs if r["config"] == kind]} for kind in ("bare", "rlgen")}
     rows = []
     for kind in ("bare", "rlgen"):
-        segs = [_segments(r) for r in per[kind]["runs"]]
+        segs = [segments(r) for r in per[kind]["runs"]]
         medians = [statistics.median(v) if (v := [s[i] for s in segs if s[i] is not None]) else None
                    for i in range(len(SEGMENTS))]
         rows.append([kind, str(len(segs)), *("-" if m is None else f"{m:.1f}" for m in medians)])
