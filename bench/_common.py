@@ -784,9 +784,26 @@ def nvidia_smi(query: str) -> list[list[str]] | None:
 
 
 def gpu_used_mib() -> int | None:
-    """memory.used summed over the visible GPUs (the server uses one; the others do not move)."""
+    """memory.used summed over the visible GPUs (the server uses one; the others do not move).
+
+    Some machines' nvidia-smi prints 0 MiB even while a server holds memory (a container that hides
+    other processes' use); there the driver's own count, read by a fresh process through
+    torch.cuda.mem_get_info (total - free, which includes that probe's own CUDA context), is used."""
     rows = nvidia_smi("--query-gpu=memory.used")
-    return sum(int(r[0]) for r in rows if r[0].isdigit()) if rows else None
+    if not rows:
+        return None
+    used = sum(int(r[0]) for r in rows if r[0].isdigit())
+    return used if used > 0 else _gpu_used_mib_from_driver()
+
+
+def _gpu_used_mib_from_driver() -> int | None:
+    code = ("import torch\nif torch.cuda.is_available():\n"
+            "    print(sum((t - f) >> 20 for f, t in (torch.cuda.mem_get_info(i) for i in range(torch.cuda.device_count()))))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(out) if out.isdigit() else None
 
 
 def gpu_total_mib() -> int | None:
