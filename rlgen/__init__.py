@@ -10,6 +10,7 @@ Usage::
 
 from __future__ import annotations
 
+from ._ab import ABReport, ab
 from ._compare import compare_logprobs
 from ._engine import Engine, EngineState
 from ._errors import (
@@ -24,6 +25,7 @@ from ._errors import (
     ServerStartupError,
     ServerStartupTimeout,
 )
+from ._kl import LogprobShift, compare
 from ._models import DEFAULT_MODEL, resolve_model
 from ._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
 from ._registry import list_servers
@@ -34,6 +36,7 @@ from ._version import __version__
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ABReport",
     "Chat",
     "ChatMessage",
     "Engine",
@@ -41,6 +44,7 @@ __all__ = [
     "EngineError",
     "EngineState",
     "GenerateOptions",
+    "LogprobShift",
     "ModelError",
     "Prompt",
     "Prompts",
@@ -57,6 +61,8 @@ __all__ = [
     "StreamOptions",
     "TokenIds",
     "__version__",
+    "ab",
+    "compare",
     "compare_logprobs",
     "list_servers",
     "reap",
@@ -64,7 +70,7 @@ __all__ = [
 ]
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
-for _obj in (Engine, EngineState, Rollouts, compare_logprobs, list_servers, reap, resolve_model, RlgenError,
-             EngineError, ModelError, ServerStartupError, ServerStartupTimeout, ServerDiedError, EngineClosedError,
-             RequestError, ServerRequestError, RequestTimeout):
+for _obj in (Engine, EngineState, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
+             reap, resolve_model, RlgenError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
+             ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout):
     _obj.__module__ = "rlgen"

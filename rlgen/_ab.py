@@ -1,0 +1,398 @@
+"""`ab`: does checkpoint B differ from checkpoint A on the same prompts? `ABReport`: the answer.
+
+Owns: the per-prompt metrics of two results generated for the same prompts (mean reward, mean
+completion length, the share of each finish reason, pass@k), their comparison by a paired bootstrap
+over prompts (a prompt is one pair: its value under A and its value under B), the verdict per
+metric, and `ABReport` with its table, HTML and forest plot. Knows nothing about servers, weights,
+or how samples and rewards were made: it reads two `Rollouts`' df and prompt ids; the pass@k
+estimator is `_group_stats.pass_at_k`, correctness `_reward_summary.correct_mask`, and figures are
+made through `_plots`.
+
+The bootstrap: each metric is first reduced to one value per prompt and side; the prompts where
+both sides have a value are resampled with replacement `n_boot` times (numpy `Generator(seed)`,
+the same draws for every metric that keeps the same prompts), and the interval is the central
+`confidence` share of the resampled mean differences B - A. Pairing removes the spread between
+prompts (easy and hard ones) from the difference, which is why it needs the same prompts on both
+sides.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._group_stats import pass_at_k
+from ._kl import two_labels
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from ._results import Rollouts
+
+__all__ = ["ABReport", "ab"]
+
+# Resampled prompt indices drawn per block: bounds the memory of one block to about 8 MB.
+_BLOCK = 1_000_000
+_HIGHER, _LOWER, _NOISE = "#1f5fa8", "#b3261e", "#888888"
+
+
+def ab(
+    a: Rollouts,
+    b: Rollouts,
+    *,
+    labels: Sequence[str] = ("A", "B"),
+    reward: str = "reward",
+    correct: str | None = None,
+    threshold: float = 1.0,
+    k: int | Sequence[int] | None = None,
+    n_boot: int = 2000,
+    confidence: float = 0.9,
+    seed: int | None = 0,
+) -> ABReport:
+    """Compare two checkpoints' generations for the same prompts, metric by metric.
+
+    Args:
+        a, b: results generated for the same prompts (the same prompt ids under each
+            `prompt_index`), by weight versions A and B; any number of samples per prompt, which
+            may differ between a and b.
+        labels: names of A and B in verdicts, reprs and the plot.
+        reward: the reward column; its mean is a metric when both sides have it (NaN rewards left
+            out per prompt, and counted in `notes`).
+        correct: the column saying which samples are correct for pass@k: a bool column, or a numeric
+            one where value >= `threshold` counts (NaN never does). Default: the reward column.
+        threshold: see `correct`.
+        k: the pass@k values to report; default 1 and the smallest number of samples of any prompt
+            on either side. A prompt with fewer than k samples on either side is left out of
+            pass@k (and `notes` says how many were).
+        n_boot: bootstrap resamples.
+        confidence: the share of resampled differences inside the interval.
+        seed: seeds numpy's `Generator`, so the same inputs give the same intervals.
+
+    Returns:
+        An `ABReport`: `df` (one row per metric: metric, A, B, diff, low, high, verdict, prompts),
+        `samples`, `notes`, `plot()`.
+
+    Raises:
+        TypeError / ValueError: bad arguments; a and b hold different prompts (the message names
+            the first); a column that one side has and the other lacks.
+
+    Usage::
+
+        base = eng_a.generate(prompts, n=8).add_rewards(exact)
+        new = eng_b.generate(prompts, n=8).add_rewards(exact)
+        report = rlgen.ab(base, new, labels=("step 0", "step 100"))
+        report.df, report.plot()
+    """
+    import pandas as pd
+
+    from ._results import Rollouts
+
+    # 1) arguments
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, Rollouts):
+            raise TypeError(f"{name} must be a Rollouts, got {type(value).__name__}")
+    names = two_labels(labels)
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot must be an int >= 1 (2000 is usual), got {n_boot!r}")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must be a number between 0 and 1, e.g. 0.9, got {confidence!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise TypeError(f"threshold must be a number, got {threshold!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {seed!r}")
+
+    # 2) the prompts: the same on both sides
+    prompts = _common_prompts(a, b)
+
+    # 3) one value per prompt and side for each metric
+    metrics, notes = _metrics(a.df, b.df, prompts, reward=reward, correct=correct, threshold=float(threshold), k=k)
+
+    # 4) the paired bootstrap of each metric
+    rows = [_compare_metric(name, va, vb, label_b=names[1], n_boot=n_boot, confidence=float(confidence), seed=seed)
+            for name, va, vb in metrics]
+    samples = pd.DataFrame({"A": _counts(a.df, prompts), "B": _counts(b.df, prompts)},
+                           index=pd.Index(prompts, name="prompt_index"))
+    return ABReport(df=pd.DataFrame(rows), samples=samples, labels=names, notes=notes, n_boot=n_boot,
+                    confidence=float(confidence), seed=seed)
+
+
+class ABReport:
+    """What `rlgen.ab(a, b)` found: one row per metric with both means, the difference and its interval.
+
+    - `df`: metric, A, B (means over the prompts used), diff (B - A), low, high (the paired
+      bootstrap interval of diff), verdict ("<B> higher" / "<B> lower" when the interval excludes 0,
+      "noise" when it does not, "too few prompts" below two prompts), prompts (how many were used).
+    - `samples`: samples per prompt on each side (columns A and B, indexed by prompt_index).
+    - `notes`: what was left out and why (NaN rewards, prompts with too few samples for a pass@k).
+    - `labels`, `n_boot`, `confidence`, `seed`; `plot()`: a forest plot of the differences.
+    """
+
+    def __init__(self, *, df: pd.DataFrame, samples: pd.DataFrame, labels: tuple[str, str], notes: list[str],
+                 n_boot: int, confidence: float, seed: int | None) -> None:
+        """Made by `ab`."""
+        self.df = df
+        self.samples = samples
+        self.labels = labels
+        self.notes = notes
+        self.n_boot = n_boot
+        self.confidence = confidence
+        self.seed = seed
+
+    @property
+    def interval_note(self) -> str:
+        """What the interval is, in one line."""
+        return (f"{self.confidence * 100:g}% paired bootstrap interval over {len(self.samples)} prompts, "
+                f"{self.n_boot} resamples")
+
+    def __repr__(self) -> str:
+        la, lb = self.labels
+        head = ["metric", _side_name("A", la), _side_name("B", lb), "diff", "interval", "verdict", "prompts"]
+        body = [[str(r.metric), _num(r.A), _num(r.B), _num(r.diff, signed=True),
+                 f"[{_num(r.low, signed=True)}, {_num(r.high, signed=True)}]", str(r.verdict), str(r.prompts)]
+                for r in self.df.itertuples()]
+        widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]
+        notes = [f"note: {n}" for n in self.notes]
+        return "\n".join([f"<ABReport {la} vs {lb}: {self.interval_note}", *lines, *notes]) + ">"
+
+    def _repr_html_(self) -> str:
+        from ._display import VIEW_STYLE
+
+        la, lb = (html.escape(x) for x in self.labels)
+        pct = f"{self.confidence * 100:g}%"
+        head = (f"<tr><th>metric</th><th>{_side_name('A', la)}</th><th>{_side_name('B', lb)}</th><th>diff (B − A)</th>"
+                f"<th>{pct} interval</th><th>verdict</th><th>prompts</th></tr>")
+        body = "".join(
+            f"<tr><td>{html.escape(str(r.metric))}</td><td class='rlgen-num'>{_num(r.A)}</td>"
+            f"<td class='rlgen-num'>{_num(r.B)}</td><td class='rlgen-num'>{_num(r.diff, signed=True)}</td>"
+            f"<td class='rlgen-num'>[{_num(r.low, signed=True)}, {_num(r.high, signed=True)}]</td>"
+            f"<td style='color:{_verdict_color(str(r.verdict), self.labels[1])};font-weight:bold'>"
+            f"{html.escape(str(r.verdict))}</td><td class='rlgen-num'>{int(r.prompts)}</td></tr>"
+            for r in self.df.itertuples()
+        )
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
+        notes_html = f'<ul style="margin:4px 0;color:#666">{notes}</ul>' if notes else ""
+        return (f'<div class="rlgen-rollouts" style="max-width:1000px">{VIEW_STYLE}'
+                f'<div style="font-family:monospace;margin-bottom:4px">A/B: {la} vs {lb}</div>'
+                f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+                f'<div style="color:#666;font-size:90%;margin-top:4px">{html.escape(self.interval_note)}; '
+                f"verdict “noise” when the interval includes 0.</div>{notes_html}</div>")
+
+    def plot(self) -> Figure:
+        """A forest plot: one panel per metric (each on its own scale) with the difference B - A as a
+        point, its interval as a bar and a dashed line at 0; returns the Figure (matplotlib, imported
+        now: `pip install 'rlgen[plots]'`)."""
+        from ._plots import _classes, _matplotlib
+
+        _matplotlib()
+        import matplotlib as mpl
+
+        figure_class, axes_class = _classes()
+        la, lb = self.labels
+        n = max(1, len(self.df))
+        width = float(mpl.rcParams["figure.figsize"][0])
+        fig = figure_class(figsize=(width, 0.6 * n + 1.2), layout="constrained")
+        for i, r in enumerate(self.df.itertuples()):
+            ax = fig.add_subplot(n, 1, i + 1, axes_class=axes_class)
+            color = _verdict_color(str(r.verdict), lb)
+            ax.axvline(0.0, color="0.5", linestyle="--", linewidth=1)
+            diff, low, high = float(r.diff), float(r.low), float(r.high)
+            if math.isfinite(diff):
+                xerr = [[diff - low], [high - diff]] if math.isfinite(low) else None
+                ax.errorbar([diff], [0.0], xerr=xerr, fmt="o", color=color, capsize=4, linewidth=2)
+            reach = max((abs(v) for v in (diff, low, high) if math.isfinite(v)), default=0.0) or 1.0
+            ax.set_xlim(-1.15 * reach, 1.15 * reach)
+            ax.set_yticks([])
+            ax.set_ylabel(str(r.metric), rotation=0, ha="right", va="center", fontsize="small")
+            ax.tick_params(axis="x", labelsize="small")
+            ax.text(1.01, 0.5, f"{_num(r.A)} → {_num(r.B)}\n{r.verdict}", transform=ax.transAxes,
+                    va="center", ha="left", fontsize="small", color=color)
+        fig.suptitle(f"{lb} − {la} per metric (each panel in its own units)\n{self.interval_note}",
+                     fontsize="medium")
+        return fig
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+def _common_prompts(a: Rollouts, b: Rollouts) -> list[int]:
+    """The prompt indices of a and b (sorted), after checking that each holds one prompt per index
+    and that both hold the same prompts; ValueError naming the first difference otherwise."""
+    ids_a, ids_b = _prompts_by_index(a, "a"), _prompts_by_index(b, "b")
+    only = sorted(set(ids_a) ^ set(ids_b))
+    if only:
+        side = "a" if only[0] in ids_a else "b"
+        raise ValueError(
+            f"prompt_index {only[0]} is only in {side} ({len(ids_a)} prompts in a, {len(ids_b)} in b); ab "
+            "compares the same prompts: select them on both sides, e.g. b.where(b.df.prompt_index.isin(a.df.prompt_index))")
+    prompts = sorted(ids_a)
+    if not prompts:
+        raise ValueError("a and b have no rows: nothing to compare")
+    for p in prompts:
+        if ids_a[p][1] != ids_b[p][1]:
+            text = a.df["prompt"].iloc[ids_a[p][0]]
+            shown = f" ({text[:60]!r}{'…' if len(text) > 60 else ''} in a)" if isinstance(text, str) else ""
+            raise ValueError(f"a and b hold different prompts at prompt_index {p}{shown}; ab compares generations "
+                             "for the same prompts: generate both from the same prompt list, in the same order")
+    return prompts
+
+
+def _prompts_by_index(res: Rollouts, name: str) -> dict[int, tuple[int, list[int]]]:
+    """prompt_index -> (its first row, its prompt ids); ValueError when rows of one index hold
+    different prompts."""
+    out: dict[int, tuple[int, list[int]]] = {}
+    for row, (p, ids) in enumerate(zip(res.df["prompt_index"].tolist(), res.id_lists("prompt"))):
+        first = out.setdefault(int(p), (row, ids))
+        if first[1] != ids:
+            raise ValueError(f"{name} holds different prompts under prompt_index {p} (rows of several runs?); select "
+                             "one run, or concat with renumber=True so each prompt has its own index")
+    return out
+
+
+def _counts(df: pd.DataFrame, prompts: list[int]) -> np.ndarray:
+    return np.asarray(df.groupby("prompt_index").size().reindex(prompts).to_numpy(dtype=np.int64))
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+def _metrics(da: pd.DataFrame, db: pd.DataFrame, prompts: list[int], *, reward: str, correct: str | None,
+             threshold: float, k: int | Sequence[int] | None) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[str]]:
+    """(metric name, per-prompt values under A, under B) for every metric, and notes on what was
+    left out. A value is NaN where that prompt has none (then the prompt is left out of the metric)."""
+    out: list[tuple[str, np.ndarray, np.ndarray]] = []
+    notes: list[str] = []
+
+    def per_prompt(df: pd.DataFrame, values: Any) -> np.ndarray:
+        series = values.groupby(df["prompt_index"].to_numpy()).mean()
+        return np.asarray(series.reindex(prompts).to_numpy(dtype=np.float64))
+
+    # reward: the mean of each prompt's scored samples
+    has_reward = [reward in d.columns for d in (da, db)]
+    if has_reward[0] != has_reward[1]:
+        side = "b" if has_reward[0] else "a"
+        raise ValueError(f"{side} has no {reward!r} column and the other has: score both with the same reward "
+                         f"functions ({side} = {side}.add_rewards(...)), or pass reward= another column")
+    if all(has_reward):
+        va = per_prompt(da, da[reward].astype(np.float64))
+        vb = per_prompt(db, db[reward].astype(np.float64))
+        out.append((reward, va, vb))
+        unscored = [int(d[reward].isna().sum()) for d in (da, db)]
+        if any(unscored):
+            empty = int((np.isnan(va) | np.isnan(vb)).sum())
+            wrong = ", counted as wrong in pass@k" if correct is None else ""
+            notes.append(f"{reward}: {unscored[0]} NaN rewards in A and {unscored[1]} in B left out of its mean{wrong}"
+                         + (f"; {empty} prompts with none scored on a side left out" if empty else ""))
+    else:
+        notes.append(f"no {reward!r} column: no reward or pass@k metrics (add rewards first: res.add_rewards(...))")
+
+    # completion length and finish reasons
+    out.append(("completion_tokens", per_prompt(da, da["completion_tokens"].astype(np.float64)),
+                per_prompt(db, db["completion_tokens"].astype(np.float64))))
+    import pandas as pd
+
+    reasons = pd.concat([da["finish_reason"], db["finish_reason"]]).astype(str).value_counts()
+    for reason in sorted(reasons.index, key=lambda r: (-int(reasons[r]), r)):
+        out.append((f"finish: {reason}", per_prompt(da, (da["finish_reason"].astype(str) == reason).astype(float)),
+                    per_prompt(db, (db["finish_reason"].astype(str) == reason).astype(float))))
+
+    # pass@k
+    out += _pass_at_k(da, db, prompts, column=correct or reward, explicit=correct is not None,
+                      threshold=threshold, k=k, notes=notes)
+    return out, notes
+
+
+def _pass_at_k(da: pd.DataFrame, db: pd.DataFrame, prompts: list[int], *, column: str, explicit: bool,
+               threshold: float, k: int | Sequence[int] | None, notes: list[str]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    from ._reward_summary import correct_mask
+
+    if not explicit and not (column in da.columns and column in db.columns):
+        if k is not None:
+            raise ValueError(f"k= needs a column that says which samples are correct, and {column!r} is not in both: "
+                             "pass correct=, or add rewards first: res.add_rewards(...)")
+        return []
+    n_a, n_b = _counts(da, prompts), _counts(db, prompts)
+    c_a = _correct_counts(da, correct_mask(da, column, threshold), prompts)
+    c_b = _correct_counts(db, correct_mask(db, column, threshold), prompts)
+    smallest = int(min(n_a.min(), n_b.min()))
+    ks = sorted({1, smallest}) if k is None else [k] if isinstance(k, int) else list(k)
+    if not ks:
+        raise ValueError("k is empty: give at least one k, or None for 1 and the smallest n")
+    out = []
+    for value in ks:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"k must be ints >= 1, got {value!r}")
+        va = np.array([pass_at_k(int(n), int(c), int(value)) for n, c in zip(n_a, c_a)])
+        vb = np.array([pass_at_k(int(n), int(c), int(value)) for n, c in zip(n_b, c_b)])
+        short = int((np.isnan(va) | np.isnan(vb)).sum())
+        if short:
+            notes.append(f"pass@{value}: {short} of {len(prompts)} prompts have fewer than {value} samples on a "
+                         "side and are left out")
+        out.append((f"pass@{value}", va, vb))
+    return out
+
+
+def _correct_counts(df: pd.DataFrame, ok: np.ndarray, prompts: list[int]) -> np.ndarray:
+    import pandas as pd
+
+    counts = pd.Series(ok.astype(np.int64)).groupby(df["prompt_index"].to_numpy()).sum()
+    return np.asarray(counts.reindex(prompts).to_numpy(dtype=np.int64))
+
+
+# -- the bootstrap ---------------------------------------------------------------------------------
+def _compare_metric(name: str, va: np.ndarray, vb: np.ndarray, *, label_b: str, n_boot: int, confidence: float,
+                    seed: int | None) -> dict[str, Any]:
+    """One row of `ABReport.df`: both means over the prompts where both sides have a value, the
+    mean difference, its paired bootstrap interval and the verdict."""
+    kept = ~(np.isnan(va) | np.isnan(vb))
+    diff = vb[kept] - va[kept]
+    m = int(kept.sum())
+    low, high = _interval(diff, n_boot=n_boot, confidence=confidence, seed=seed)
+    if m < 2:
+        verdict = "too few prompts"
+    elif low > 0:
+        verdict = f"{label_b} higher"
+    elif high < 0:
+        verdict = f"{label_b} lower"
+    else:
+        verdict = "noise"
+    def mean(x: np.ndarray) -> float:
+        return float(x.mean()) if m else math.nan
+
+    return {"metric": name, "A": mean(va[kept]), "B": mean(vb[kept]), "diff": mean(diff), "low": low, "high": high,
+            "verdict": verdict, "prompts": m}
+
+
+def _interval(diff: np.ndarray, *, n_boot: int, confidence: float, seed: int | None) -> tuple[float, float]:
+    """The central `confidence` interval of the mean of `diff` over `n_boot` resamples of its
+    entries with replacement; NaN below two entries."""
+    m = diff.size
+    if m < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot, dtype=np.float64)
+    block = max(1, _BLOCK // m)
+    for start in range(0, n_boot, block):
+        size = min(block, n_boot - start)
+        means[start : start + size] = diff[rng.integers(0, m, size=(size, m))].mean(axis=1)
+    tail = (1.0 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+# -- display ---------------------------------------------------------------------------------------
+def _num(value: Any, *, signed: bool = False) -> str:
+    value = float(value)
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def _side_name(side: str, label: str) -> str:
+    return side if label == side else f"{side} ({label})"
+
+
+def _verdict_color(verdict: str, label_b: str) -> str:
+    # The KL heatmap's hues: blue for higher under B, red for lower.
+    return {f"{label_b} higher": _HIGHER, f"{label_b} lower": _LOWER}.get(verdict, _NOISE)

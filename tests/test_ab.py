@@ -1,0 +1,179 @@
+"""rlgen._ab: checkpoint A/B on the same prompts, by a paired bootstrap over prompts (no server)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+from rlgen._ab import ABReport, ab
+from rlgen._group_stats import pass_at_k
+from rlgen._results import Rollouts, rollouts_from_responses
+
+
+def entry(length: int, finish: str) -> dict:
+    ids = list(range(3, 3 + length))
+    meta = {"id": "r", "finish_reason": {"type": finish, "matched": None}, "completion_tokens": length}
+    return {"text": "x" * length, "output_ids": ids, "meta_info": meta}
+
+
+def make(rewards: list[list[float]] | None, *, finish: list[list[str]] | None = None,
+         lengths: list[list[int]] | None = None, prompts: list[list[int]] | None = None) -> Rollouts:
+    """One prompt per inner list (any number of samples each), prompt p = ids [10 + p, 11]."""
+    shape = rewards if rewards is not None else lengths
+    assert shape is not None
+    counts = [len(group) for group in shape]
+    prompt_ids = prompts if prompts is not None else [[10 + p, 11] for p in range(len(counts))]
+    parts = []
+    for p, n in enumerate(counts):
+        responses = [entry(lengths[p][s] if lengths else 2, finish[p][s] if finish else "stop") for s in range(n)]
+        part = rollouts_from_responses(responses, prompt_ids=[prompt_ids[p]], prompt_texts=[f"prompt {p}"], n=n,
+                                       pad_token_id=0)
+        part.df = part.df.assign(prompt_index=p)
+        parts.append(part)
+    res = Rollouts.concat(parts, labels=[f"r{p}" for p in range(len(parts))]) if len(parts) > 1 else parts[0]
+    if rewards is not None:
+        res = res.with_columns({"reward": [r for group in rewards for r in group]})
+    return res
+
+
+def metric(report: ABReport, name: str) -> dict:
+    rows = report.df[report.df["metric"] == name]
+    assert len(rows) == 1, list(report.df["metric"])
+    return rows.iloc[0].to_dict()
+
+
+REWARDS = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]]
+
+
+def test_identical_a_and_b_differ_by_zero_on_every_metric_and_are_noise() -> None:
+    a = make(REWARDS, finish=[["stop", "length", "stop", "stop"]] * 5)
+    report = ab(a, a)
+    assert list(report.df.columns) == ["metric", "A", "B", "diff", "low", "high", "verdict", "prompts"]
+    assert list(report.df["metric"]) == ["reward", "completion_tokens", "finish: stop", "finish: length",
+                                         "pass@1", "pass@4"]
+    assert (report.df["diff"] == 0).all() and (report.df["low"] == 0).all() and (report.df["high"] == 0).all()
+    assert set(report.df["verdict"]) == {"noise"} and set(report.df["prompts"]) == {5}
+
+
+def test_b_with_clearly_higher_rewards_on_every_prompt_is_b_higher_with_an_interval_above_zero() -> None:
+    rng = np.random.default_rng(3)
+    base = [[float(x) for x in rng.uniform(0, 0.5, 4)] for _ in range(20)]
+    better = [[r + 0.4 + 0.1 * rng.uniform() for r in group] for group in base]
+    report = ab(make(base), make(better), labels=("step 0", "step 100"))
+    row = metric(report, "reward")
+    assert row["verdict"] == "step 100 higher" and 0 < row["low"] <= row["diff"] <= row["high"]
+    assert row["diff"] == pytest.approx(row["B"] - row["A"]) and row["prompts"] == 20
+    assert metric(ab(make(better), make(base)), "reward")["verdict"] == "B lower"
+
+
+def test_a_tiny_difference_on_few_prompts_is_noise() -> None:
+    a = make([[0.5, 0.6], [0.2, 0.1], [0.9, 0.8]])
+    b = make([[0.6, 0.6], [0.1, 0.1], [0.95, 0.8]])
+    row = metric(ab(a, b), "reward")
+    assert row["verdict"] == "noise" and row["low"] < 0 < row["high"]
+
+
+def test_pass_at_k_is_the_mean_over_prompts_of_the_unbiased_estimator() -> None:
+    b_rewards = [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0],
+                 [0.0, 0.0, 0.0, 0.0]]
+    report = ab(make(REWARDS), make(b_rewards), k=[1, 2, 4])
+    for side, rewards in (("A", REWARDS), ("B", b_rewards)):
+        for k in (1, 2, 4):
+            expected = np.mean([pass_at_k(4, int(sum(r >= 1.0 for r in group)), k) for group in rewards])
+            assert metric(report, f"pass@{k}")[side] == pytest.approx(expected)
+
+
+def test_a_prompt_with_fewer_samples_than_k_is_left_out_of_pass_at_k_and_the_report_says_so() -> None:
+    a = make([[1.0, 0.0, 1.0], [0.0], [1.0, 1.0, 0.0]])
+    b = make([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0, 0.0]])
+    report = ab(a, b, k=[1, 2])
+    assert metric(report, "pass@1")["prompts"] == 3 and metric(report, "pass@2")["prompts"] == 2
+    assert any(note.startswith("pass@2: 1 of 3 prompts have fewer than 2 samples") for note in report.notes)
+    assert report.samples.loc[1].tolist() == [1, 2]
+    # by default k is 1 and the smallest n of any prompt on either side (here 1), so nothing is left out
+    assert [m for m in ab(a, b).df["metric"] if m.startswith("pass@")] == ["pass@1"]
+
+
+def test_finish_shares_are_per_prompt_shares_averaged_over_prompts() -> None:
+    a = make([[0.0, 0.0], [0.0, 0.0]], finish=[["stop", "length"], ["stop", "stop"]])
+    b = make([[0.0, 0.0, 0.0], [0.0]], finish=[["length", "length", "abort"], ["stop"]])
+    report = ab(a, b)
+    stop, length, abort = metric(report, "finish: stop"), metric(report, "finish: length"), metric(report, "finish: abort")
+    assert (stop["A"], stop["B"]) == pytest.approx((0.75, 0.5))
+    assert (length["A"], length["B"]) == pytest.approx((0.25, 1 / 3))
+    assert (abort["A"], abort["B"]) == pytest.approx((0.0, 1 / 6))
+
+
+def test_mean_completion_tokens_is_per_prompt_then_over_prompts() -> None:
+    report = ab(make(None, lengths=[[2, 4], [10]]), make(None, lengths=[[3], [10, 20, 30]]))
+    row = metric(report, "completion_tokens")
+    assert (row["A"], row["B"]) == pytest.approx(((3 + 10) / 2, (3 + 20) / 2))
+    assert "reward" not in set(report.df["metric"]) and any("no 'reward' column" in n for n in report.notes)
+
+
+def test_nan_rewards_are_left_out_per_prompt_and_counted() -> None:
+    a = make([[1.0, math.nan], [0.0, 0.0]])
+    b = make([[1.0, 1.0], [math.nan, math.nan]])
+    report = ab(a, b)
+    row = metric(report, "reward")
+    assert row["prompts"] == 1 and row["A"] == 1.0 and row["verdict"] == "too few prompts"
+    assert any(n.startswith("reward: 1 NaN rewards in A and 2 in B left out") for n in report.notes)
+
+
+def test_different_prompts_are_refused_naming_the_first() -> None:
+    a = make([[1.0], [1.0], [1.0]])
+    b = make([[1.0], [1.0], [1.0]], prompts=[[10, 11], [50, 11], [99, 11]])
+    with pytest.raises(ValueError, match=r"different prompts at prompt_index 1 \('prompt 1' in a\)"):
+        ab(a, b)
+    with pytest.raises(ValueError, match="prompt_index 2 is only in a"):
+        ab(a, make([[1.0], [1.0]]))
+
+
+def test_a_reward_column_on_one_side_only_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"b has no 'reward' column.*add_rewards"):
+        ab(make([[1.0]]), make(None, lengths=[[2]]))
+
+
+def test_the_same_seed_gives_the_same_intervals() -> None:
+    rng = np.random.default_rng(5)
+    a = make([[float(x) for x in rng.uniform(size=3)] for _ in range(10)])
+    b = make([[float(x) for x in rng.uniform(size=3)] for _ in range(10)])
+    first, again, other = ab(a, b, seed=7), ab(a, b, seed=7), ab(a, b, seed=8)
+    assert first.df.equals(again.df)
+    assert metric(first, "reward")["low"] != metric(other, "reward")["low"]
+
+
+def test_bad_options_are_refused_with_what_to_give() -> None:
+    a = make([[1.0]])
+    with pytest.raises(ValueError, match="confidence must be a number between 0 and 1"):
+        ab(a, a, confidence=90)
+    with pytest.raises(ValueError, match="n_boot must be an int >= 1"):
+        ab(a, a, n_boot=0)
+    with pytest.raises(ValueError, match="k= needs a column"):
+        ab(make(None, lengths=[[2]]), make(None, lengths=[[2]]), k=2)
+
+
+def test_repr_and_html_show_the_table_the_interval_and_coloured_verdicts() -> None:
+    rng = np.random.default_rng(3)
+    base = [[float(x) for x in rng.uniform(0, 0.5, 2)] for _ in range(8)]
+    report = ab(make(base), make([[r + 1 for r in g] for g in base]), labels=("<old>", "new"))
+    text = repr(report)
+    assert text.splitlines()[0] == "<ABReport <old> vs new: 90% paired bootstrap interval over 8 prompts, 2000 resamples"
+    assert "new higher" in text and text.endswith(">")
+    page = report._repr_html_()
+    assert "90% paired bootstrap interval over 8 prompts, 2000 resamples" in page
+    assert "&lt;old&gt;" in page and "<old>" not in page
+    assert "color:#1f5fa8;font-weight:bold'>new higher" in page
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plot_returns_a_figure_with_a_panel_per_metric() -> None:
+    from matplotlib.figure import Figure
+
+    report = ab(make(REWARDS), make([[1.0 - r for r in g] for g in REWARDS]))
+    fig = report.plot()
+    assert isinstance(fig, Figure) and len(fig.axes) == len(report.df)
+    assert [ax.get_ylabel() for ax in fig.axes] == list(report.df["metric"])
