@@ -20,10 +20,14 @@ if TYPE_CHECKING:
     from ._results import Rollouts
 
 __all__ = [
+    "VIEW_STYLE",
     "alternative_texts",
+    "clip_text",
     "completion_html",
     "engine_html",
     "logprob_color",
+    "piece_html",
+    "record_note",
     "rollouts_html",
     "short_repr",
     "token_pieces",
@@ -92,7 +96,7 @@ def _legend_html() -> str:
     return f'<span class="rlgen-legend" style="white-space:nowrap">p = {swatches}</span>'
 
 
-def _clip(value: Any, limit: int, *, tail: bool = False) -> str:
+def clip_text(value: Any, limit: int, *, tail: bool = False) -> str:
     text = "" if value is None else str(value)
     if len(text) <= limit:
         return text
@@ -102,7 +106,7 @@ def _clip(value: Any, limit: int, *, tail: bool = False) -> str:
 def _fmt(value: Any, limit: int = 60) -> str:
     if isinstance(value, float):
         return "NaN" if math.isnan(value) else f"{value:.4g}"
-    return _clip(value, limit)
+    return clip_text(value, limit)
 
 
 def _safe_decode(r: Rollouts, ids: list[int]) -> list[str] | None:
@@ -128,7 +132,7 @@ _SPECIAL = re.compile(r"<\|[^\s|]{1,40}\|>|</?s>|<(?:unk|pad|eos|bos|mask)>")
 _TAG_STYLE = "color:#555;border:1px solid #999;border-radius:3px;padding:0 2px;font-size:85%"
 
 
-def _piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
+def piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
     """A token's text as escaped HTML, with whitespace made visible where it would vanish.
 
     A newline shows as "↵" then a real line break, a tab as "⇥" then the tab, a token of only
@@ -174,7 +178,7 @@ def _prompt_tail_html(r: Rollouts, i: int) -> str:
     pieces = _safe_decode(r, ids)
     spans = []
     for j, tid in enumerate(ids):
-        body = f"{tid} " if pieces is None else _piece_html(pieces[j], tid, None)
+        body = f"{tid} " if pieces is None else piece_html(pieces[j], tid, None)
         title = f"prompt token, id {tid}" + ("" if pieces is None else f" {pieces[j]!r}")
         spans.append(f'<span style="{_TAIL_STYLE}" title="{html.escape(title)}">{body}</span>')
     return '<span style="color:#888">…</span>' + "".join(spans) + _BOUNDARY
@@ -196,7 +200,7 @@ def completion_html(r: Rollouts, i: int, *, max_tokens: int) -> str:
         if pieces is None:  # no text at all: the ids themselves, the pad/EOS id as a tag
             body = f'<span style="{_TAG_STYLE}">{tid}</span> ' if tid == pad_id else f"{tid} "
         else:
-            body = _piece_html(pieces[j], tid, pad_id)
+            body = piece_html(pieces[j], tid, pad_id)
         title = f"response token {j}: id {tid}" if pieces is None else f"response token {j}: id {tid} {pieces[j]!r}"
         if tid == pad_id:
             title += f" (= pad id {pad_id}: response_mask keeps it; response_ids != {pad_id} would drop it)"
@@ -236,7 +240,7 @@ def _finish_cell(row: Any) -> str:
         text += f" ⟨{matched}⟩" if isinstance(matched, (int, float)) else f" {matched!r}"
     err = row.get("error")
     if isinstance(err, str) and err:
-        text += f": {_clip(err, 80)}"
+        text += f": {clip_text(err, 80)}"
     colour = {"stop": "#2a7", "length": "#c80", "abort": "#c33", "error": "#c33"}.get(reason, "#888")
     return f'<span style="color:{colour}">{html.escape(text)}</span>'
 
@@ -258,14 +262,14 @@ def _prompt_cell(row: Any, *, max_chars: int) -> str:
     prompt = row["prompt"]
     full = prompt if isinstance(prompt, str) else f"({int(row['prompt_tokens'])} prompt tokens, given as ids)"
     short = _last_user_message(row)
-    shown = _clip(short, max_chars) if short is not None else _clip(full, max_chars, tail=True)
+    shown = clip_text(short, max_chars) if short is not None else clip_text(full, max_chars, tail=True)
     label = f'<span style="color:#888">prompt {row["prompt_index"]}</span> '
     if shown == full:
         return f'<div class="rlgen-prompt">{label}{html.escape(shown)}</div>'
     return (
         f'<div class="rlgen-prompt">{label}{html.escape(shown)}<details><summary style="color:#888;cursor:pointer">'
         f'full prompt ({len(full):,} chars)</summary><div style="white-space:pre-wrap;color:#444">'
-        f"{html.escape(_clip(full, 20_000, tail=True))}</div></details></div>"
+        f"{html.escape(clip_text(full, 20_000, tail=True))}</div></details></div>"
     )
 
 
@@ -308,6 +312,39 @@ def _mask_note(r: Rollouts, shown: Any) -> str:
     return f'<div style="color:#666;font-size:90%;margin-bottom:4px">{html.escape(text)}</div>'
 
 
+def record_note(r: Rollouts) -> str:
+    """One grey line on what made the result (`Rollouts.record`): server, weights, version, seed,
+    time and cache hits, with the whole record under "record"; "" when no run has one."""
+    import json
+
+    records = [rec for rec in r.run_records.values() if rec]
+    if not records:
+        return ""
+    if len(r.run_records) > 1:
+        line = f"{len(r.run_records)} runs, each with its record in res.run_records"
+        full = json.dumps(r.run_records, indent=1, default=str)
+    else:
+        rec = records[0]
+        parts = [f"{rec.get('backend')} server {rec.get('server_version')}"]
+        digest = rec.get("weights_sha256")
+        parts.append(f"weights sha256 {digest[:12]}" if digest else "weights not hashed (not on this machine)")
+        parts.append("weight version " + ", ".join(map(str, rec.get("weight_versions") or ["?"])))
+        if rec.get("seed") is not None:
+            parts.append(f"seed {rec['seed']}")
+        parts.append(str(rec.get("started_utc", "")).replace("+00:00", " UTC").replace("T", " "))
+        if rec.get("gpu"):
+            parts.append(str(rec["gpu"]))
+        cache = rec.get("cache")
+        if cache:
+            total = cache["hits"] + cache["sent"]
+            parts.append(f"{cache['hits']} of {total} prompts from the completion cache")
+        line = " · ".join(parts)
+        full = json.dumps(rec, indent=1, default=str)
+    return (f'<div style="color:#888;font-size:85%">{html.escape(line)} '
+            f'<details style="display:inline"><summary style="display:inline;cursor:pointer">record</summary>'
+            f'<pre style="font-size:85%;max-height:240px;overflow:auto">{html.escape(full)}</pre></details></div>')
+
+
 def _decode_note(r: Rollouts) -> str:
     error = getattr(r.decode, "error", None)
     if not isinstance(error, str):
@@ -322,7 +359,7 @@ def _decode_note(r: Rollouts) -> str:
 # centres tables (margin auto) in some contexts: rlgen's tables sit at the left. The prompt column
 # is capped so the completion gets the width, and the table never exceeds its output area.
 _CELLS = "text-align:left; vertical-align:top; padding:2px 6px"
-_STYLE = (
+VIEW_STYLE = (
     "<style>"
     ".jp-RenderedHTMLCommon .rlgen-rollouts table td, .jp-RenderedHTMLCommon .rlgen-rollouts table th, "
     f".rlgen-rollouts table td, .rlgen-rollouts table th {{{_CELLS}}}"
@@ -378,8 +415,8 @@ def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max
         foot.append("more columns in res.df: " + ", ".join(left_out))
     foot_html = "".join(f'<div style="color:#888">{html.escape(f)}</div>' for f in foot)
     return (
-        f'<div class="rlgen-rollouts">{_STYLE}<div style="font-family:monospace;margin-bottom:4px">{summary}</div>'
-        f"{_mask_note(r, shown) if len(shown) else ''}{_decode_note(r)}"
+        f'<div class="rlgen-rollouts">{VIEW_STYLE}<div style="font-family:monospace;margin-bottom:4px">{summary}</div>'
+        f"{record_note(r)}{_mask_note(r, shown) if len(shown) else ''}{_decode_note(r)}"
         f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(rows_html)}</tbody></table>{foot_html}</div>"
     )
 
@@ -403,8 +440,8 @@ def engine_html(engine: Any) -> str:
             value = None
         if value is not None:
             rows.append((name, value))
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_clip(v, 200))}</td></tr>" for k, v in rows)
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(clip_text(v, 200))}</td></tr>" for k, v in rows)
     return (
-        f'<div class="rlgen-rollouts">{_STYLE}<div style="font-family:monospace">{html.escape(repr(engine))}</div>'
+        f'<div class="rlgen-rollouts">{VIEW_STYLE}<div style="font-family:monospace">{html.escape(repr(engine))}</div>'
         f"<table>{body}</table></div>"
     )

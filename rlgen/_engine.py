@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import enum
 import os
 import threading
@@ -19,6 +20,7 @@ import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +36,13 @@ from ._prompts import PromptBatch, normalize_prompts, prompt_data
 from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, redacted, server_argv
 from ._token_text import TokenText
 from ._types import Prompt, Prompts
+from ._weights import WeightsHash
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ._compare import LogprobCheck
+    from ._completion_cache import CompletionCache
     from ._progress import ProgressLine
     from ._results import Rollouts
     from ._server import ServerProcess
@@ -61,6 +65,27 @@ class EngineState(enum.Enum):
     READY = "ready"        # generate() works
     FAILED = "failed"      # the server died; create a new Engine
     CLOSED = "closed"      # close() was called
+
+
+@dataclass
+class _Call:
+    """One generate() call: its prompts, the job for the prompts sent to the server, and what the
+    completion cache answered (`keys` is None when the call does not use the cache)."""
+
+    batch: PromptBatch
+    job: GenerateJob                  # the prompts that go to the server, in `sent` order
+    progress: bool | None
+    started: float                    # time.time() when the call began
+    sent: list[int]                   # the call's prompt positions in the job, in order
+    keys: list[str] | None = None     # the cache key of each of the call's prompts
+    hits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # prompt position -> stored answers
+
+
+def _finished(answer: dict[str, Any]) -> bool:
+    """Whether a server answer is a whole sample (finished by a stop or the length limit)."""
+    finish = (answer.get("meta_info") or {}).get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    return kind in ("stop", "length")
 
 
 class Engine:
@@ -106,6 +131,13 @@ class Engine:
             second instead of starting one. It holds its GPU memory while it waits. `close()`
             detaches, `close(stop=True)` stops it; `rlgen.list_servers()` shows kept servers.
             None (default): the server dies with this Engine or its kernel.
+        cache: the completion cache for generate() (each call can override it with `cache=`).
+            True: a greedy or seeded call whose prompt, sampling parameters, n, weights (their
+            content hash) and weight version were seen before returns the stored samples without
+            a request, in rows marked `cached`; unseeded sampling still goes to the server (each
+            call draws anew). "always": unseeded sampling too (it replays the first draw). False
+            (default): off. Entries live under ~/.cache/rlgen/completions; a corrupt or partial
+            entry is ignored and removed, never returned.
     """
 
     _api_key: str | None        # sent as Authorization: Bearer <key>
@@ -136,6 +168,7 @@ class Engine:
         env: Mapping[str, str] | None = None,
         api_key: str | None = None,
         keep_alive: str | float | None = None,
+        cache: bool | str = False,
     ) -> None:
         from ._progress import PhaseLine
         from ._server import launch_server
@@ -143,7 +176,7 @@ class Engine:
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
         keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
-        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key)
+        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self._server: ServerProcess | None = None
         if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
@@ -167,6 +200,7 @@ class Engine:
         #    then launch and wait for a real one-token generation, showing one status line.
         t0 = time.monotonic()
         tokenizer = _in_background(_timed_load_tokenizer, resolved.path, self.start_times)
+        self._weights = WeightsHash(resolved.path)  # for records and the cache; read while the server starts
         _reap_leftovers()
         line = PhaseLine(f"rlgen {self.backend} server", show=progress)
         notes: list[str] = []
@@ -247,6 +281,7 @@ class Engine:
         request_timeout: float | None = None,
         progress: bool | None = None,
         api_key: str | None = None,
+        cache: bool | str = False,
     ) -> Engine:
         """Attach to a running SGLang server (remote, multi-node, a router). close() never stops it.
 
@@ -255,9 +290,11 @@ class Engine:
             tokenizer: a tokenizer object or a local path for it; default: the server's
                 `tokenizer_path` (must exist on this machine).
             api_key: the server's `--api-key`, sent as `Authorization: Bearer <key>`.
+            cache: as `Engine(cache=)`; it needs the served weights on this machine (their
+                content hash is part of every key).
         """
         self = cls.__new__(cls)
-        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key)
+        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self._server = None
         self.url = url.rstrip("/")
         self.backend = "remote"
@@ -270,10 +307,17 @@ class Engine:
             _loop.run_sync(probe.aclose())
         self.model_path = info.get("model_path", "")
         self.model = Path(self.model_path).name or self.model_path
+        self._weights = WeightsHash(self.model_path if self.model_path and Path(self.model_path).is_dir() else None)
         self._connect(tokenizer=tokenizer if tokenizer is not None else (info.get("tokenizer_path") or self.model_path))
         return self
 
-    def _init_common(self, *, progress: bool | None, request_timeout: float | None, api_key: str | None = None) -> None:
+    def _init_common(self, *, progress: bool | None, request_timeout: float | None, api_key: str | None = None,
+                     cache: bool | str = False) -> None:
+        self._cache_mode = _options.cache_mode("cache", cache) or False
+        self._completions: CompletionCache | None = None  # opened at the first call that uses it
+        self._warned_unseeded = False
+        self._weights = WeightsHash(None)
+        self._gpu_name: str | None = None
         self._state = EngineState.FAILED  # until _connect() succeeds
         self._progress = progress
         self._api_key = api_key
@@ -294,6 +338,7 @@ class Engine:
         self._token_text = TokenText(self.tokenizer)  # each result's decode: token text for its view
         self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
         self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
+        self._weight_version = _loop.run_sync(self._client.get_info("model", timeout=60)).get("weight_version")
         self.context_length = _server_info.context_length(self._server_info, self.tokenizer, self.model_path)
         self._state = EngineState.READY
         self._finalizer = weakref.finalize(self, _close_client, self._client)
@@ -376,11 +421,12 @@ class Engine:
 
         server, kept = self._server, self._kept
         # Where the server is: one this Engine owns, a kept one it shares, or none (connect()).
-        pid, port, command, pids = (
-            (server.pid, server.port, redacted(server.argv), server.pids()) if server is not None
-            else (kept.pid, kept.record.port, kept.record.argv, [kept.pid]) if kept is not None
-            else (None, None, None, None)
+        pid, port, pids = (
+            (server.pid, server.port, server.pids()) if server is not None
+            else (kept.pid, kept.record.port, [kept.pid]) if kept is not None
+            else (None, None, None)
         )
+        command = self._command()
         info = {
             "state": self.state.value,
             "model": self.model,
@@ -399,6 +445,11 @@ class Engine:
         if kept is not None:
             info["kept"] = _registry_kept_summary(kept.pid)
         return info
+
+    def _command(self) -> list[str] | None:
+        """The server's command line (API key redacted), or None for a server this Engine did not start."""
+        server, kept = self._server, self._kept
+        return redacted(server.argv) if server is not None else list(kept.record.argv) if kept is not None else None
 
     def __repr__(self) -> str:
         server, kept = getattr(self, "_server", None), getattr(self, "_kept", None)
@@ -427,35 +478,37 @@ class Engine:
                 prompt of it). KeyboardInterrupt: Ctrl-C; in-flight requests were aborted on the
                 server, finished samples are in `eng.last_result`.
         """
-        job, batch, progress = self._prepare(prompts, options)
-        with self._progress_line(job, progress) as line:
-            try:
-                _loop.run_sync(run_generate(self._client, job, on_progress=line.advance), on_wait=line.tick)
-            except BaseException:
-                self.last_result = self._rollouts(job, batch, failed=True)
-                raise
-        self.last_result = self._rollouts(job, batch)
+        call = self._prepare(prompts, options)
+        if call.job.prompt_ids:  # else every prompt was answered by the completion cache
+            with self._progress_line(call.job, call.progress) as line:
+                try:
+                    _loop.run_sync(run_generate(self._client, call.job, on_progress=line.advance), on_wait=line.tick)
+                except BaseException:
+                    self.last_result = self._rollouts(call, failed=True)
+                    raise
+        self.last_result = self._rollouts(call)
         return self.last_result
 
     @takes_options(GenerateOptions)
     async def agenerate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
         """`generate()` for `await` (e.g. at the top level of a notebook cell): the same options."""
-        job, batch, progress = self._prepare(prompts, options)
-        with self._progress_line(job, progress) as line:
-            future = asyncio.run_coroutine_threadsafe(
-                run_generate(self._client, job, on_progress=line.advance), _loop.get_loop()
-            )
-            waiting = asyncio.wrap_future(future)
-            try:
-                while not waiting.done():  # redraw the line from this (the notebook's) thread
-                    await asyncio.wait({waiting}, timeout=0.25)
-                    line.tick()
-                await waiting
-            except BaseException:
-                future.cancel()
-                self.last_result = self._rollouts(job, batch, failed=True)
-                raise
-        self.last_result = self._rollouts(job, batch)
+        call = self._prepare(prompts, options)
+        if call.job.prompt_ids:  # else every prompt was answered by the completion cache
+            with self._progress_line(call.job, call.progress) as line:
+                future = asyncio.run_coroutine_threadsafe(
+                    run_generate(self._client, call.job, on_progress=line.advance), _loop.get_loop()
+                )
+                waiting = asyncio.wrap_future(future)
+                try:
+                    while not waiting.done():  # redraw the line from this (the notebook's) thread
+                        await asyncio.wait({waiting}, timeout=0.25)
+                        line.tick()
+                    await waiting
+                except BaseException:
+                    future.cancel()
+                    self.last_result = self._rollouts(call, failed=True)
+                    raise
+        self.last_result = self._rollouts(call)
         return self.last_result
 
     @takes_options(StreamOptions)
@@ -488,9 +541,11 @@ class Engine:
                 await self._client.abort([payload["rid"]])
             raise
 
-    def _prepare(self, prompts: Prompts, options: Mapping[str, Any]) -> tuple[GenerateJob, PromptBatch, bool | None]:
-        """Check everything and build the job; raises before anything is sent."""
+    def _prepare(self, prompts: Prompts, options: Mapping[str, Any]) -> _Call:
+        """Check everything, look the prompts up in the completion cache, and build the job for
+        the rest; raises before anything is sent."""
         self._check_ready()
+        started = time.time()
         opts = _options.resolve(GenerateOptions, options)
         self._warn_if_seed_ignored(opts)
         batch = self._normalize(prompts, max_new_tokens=opts["max_new_tokens"])
@@ -504,7 +559,48 @@ class Engine:
             top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=chunk_size,
             max_in_flight=max_in_flight,
         )
-        return job, batch, opts["progress"]
+        call = _Call(batch=batch, job=job, progress=opts["progress"], started=started,
+                     sent=list(range(len(batch.ids))))
+        mode = self._cache_mode if opts["cache"] is None else opts["cache"]
+        if mode and self._cacheable(job, mode):
+            self._look_up(call)
+        return call
+
+    def _cacheable(self, job: GenerateJob, mode: bool | str) -> bool:
+        """Whether this call uses the completion cache (see `Engine`'s `cache`)."""
+        if job.stream:
+            return False  # a streamed call is made to time the stream: it always goes to the server
+        greedy = job.sampling.get("temperature") == 0 or job.sampling.get("top_k") == 1
+        if mode == "always" or greedy or job.sampling.get("sampling_seed") is not None:
+            return True
+        if not self._warned_unseeded:
+            self._warned_unseeded = True
+            warnings.warn("cache=True leaves unseeded sampling uncached (each call draws new samples): pass seed=... "
+                          "to cache it, or cache='always' to replay the first draw", stacklevel=5)
+        return False
+
+    def _look_up(self, call: _Call) -> None:
+        """Fill `call.keys` and `call.hits`; only the prompts the cache did not answer stay in the job."""
+        from ._completion_cache import CompletionCache, cache_key
+
+        digest = self._weights.result()
+        if digest is None:
+            raise EngineError("the completion cache needs the served weights on this machine (their content hash is "
+                              f"part of every key), and {self._weights.path or self.model_path!r} is not a local "
+                              "checkout: pass cache=False")
+        if self._completions is None:
+            self._completions = CompletionCache()
+        job = call.job
+        # The weight version as this Engine last set or read it: a lookup makes no request, so it
+        # trusts that the served weights change only through this Engine.
+        call.keys = [cache_key(weights_sha256=digest, weight_version=self._weight_version, prompt_ids=ids, sampling=job.sampling,
+                               n=job.n, logprobs=job.logprobs, top_logprobs=job.top_logprobs) for ids in job.prompt_ids]
+        for i, key in enumerate(call.keys):
+            answers = self._completions.get(key, n=job.n)
+            if answers is not None:
+                call.hits[i] = answers
+        call.sent = [i for i in range(len(call.keys)) if i not in call.hits]
+        job.prompt_ids = [job.prompt_ids[i] for i in call.sent]
 
     def _normalize(self, prompts: Prompts, *, max_new_tokens: int) -> PromptBatch:
         return normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self._vocab_size,
@@ -525,25 +621,69 @@ class Engine:
 
         return ProgressLine(label, total=job.n_samples, unit=unit, show=self._progress if progress is None else progress)
 
-    def _rollouts(self, job: GenerateJob, batch: PromptBatch, *, failed: bool = False) -> Rollouts:
+    def _rollouts(self, call: _Call, *, failed: bool = False) -> Rollouts:
         from ._response_arrays import failed_entry
         from ._results import rollouts_from_responses
 
-        responses: list[dict[str, Any] | None] = list(job.results) or [None] * job.n_samples
+        job, batch, n = call.job, call.batch, call.job.n
+        sent: list[dict[str, Any] | None] = list(job.results) or [None] * job.n_samples
+        if call.keys is not None and self._completions is not None and not failed:
+            for j, i in enumerate(call.sent):  # store each prompt whose n samples all finished
+                answers = sent[j * n:(j + 1) * n]
+                if all(a is not None and _finished(a) for a in answers):
+                    self._completions.put(call.keys[i], [a for a in answers if a is not None])
+        responses: list[dict[str, Any] | None] = [None] * (len(batch.ids) * n)
+        for i, stored in call.hits.items():
+            responses[i * n:(i + 1) * n] = list(stored)
+        for j, i in enumerate(call.sent):
+            responses[i * n:(i + 1) * n] = sent[j * n:(j + 1) * n]
         if failed or any(r is None for r in responses):
             responses = [r if r is not None else failed_entry("aborted before the server answered", reason="abort")
                          for r in responses]
-        n = job.n
         extra: dict[str, list[Any]] = {"ttft_s": job.ttft_s, "itl_s": job.itl_s} if job.stream else {}
         if batch.chats is not None:
             extra["prompt_messages"] = [chat for chat in batch.chats for _ in range(n)]
         extra.update({name: [v for v in values for _ in range(n)] for name, values in batch.data.items()})
-        record = {**job.sampling, "n": n}
+        if call.keys is not None:
+            extra["cached"] = [i in call.hits for i in range(len(batch.ids)) for _ in range(n)]
+        sampling = {**job.sampling, "n": n}
         return rollouts_from_responses(
             responses, prompt_ids=batch.ids, prompt_texts=batch.texts, n=job.n,
-            pad_token_id=_pad_id(self.tokenizer), extra=extra, model=self.model, sampling=record,
-            decode=self._token_text,
+            pad_token_id=_pad_id(self.tokenizer), extra=extra, model=self.model, sampling=sampling,
+            decode=self._token_text, record=self._record(call, sampling, responses),
         )
+
+    def _record(self, call: _Call, sampling: dict[str, Any], responses: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+        """`Rollouts.record`: what made this call's rows."""
+        from ._version import __version__
+
+        versions = sorted({str(v) for r in responses if r is not None
+                           and (v := (r.get("meta_info") or {}).get("weight_version")) is not None})
+        return {
+            "rlgen_version": __version__,
+            "server_version": self._server_info.get("version"),
+            "backend": self.backend,
+            "model": self.model,
+            "model_path": self.model_path,
+            "weights_path": self._weights_path or self.model_path,
+            "weights_sha256": self._weights.result(),
+            "weight_versions": versions,
+            "server_args": self._command(),
+            "sampling": sampling,
+            "seed": sampling.get("sampling_seed"),
+            "started_utc": datetime.datetime.fromtimestamp(call.started, datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "gpu": self._gpu(),
+            "cache": None if call.keys is None else {"hits": len(call.hits), "sent": len(call.sent)},
+        }
+
+    def _gpu(self) -> str | None:
+        """The GPU's name where the server is on this machine and has one (nvidia-smi, read once)."""
+        if self._gpu_name is None and self.backend == "sglang":
+            from ._process_tree import gpu_name
+
+            self._gpu_name = gpu_name() or ""
+        return self._gpu_name or None
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, prompts: Prompts | Rollouts, completions: Sequence[str] | Sequence[Sequence[int]] | None = None,
@@ -711,8 +851,10 @@ class Engine:
         if isinstance(result, dict) and result.get("success") is False:
             raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
         self._weights_path = str(path)
+        self._weights = WeightsHash(path)  # the new weights' content hash, for records and the cache
         info = _loop.run_sync(self._client.get_info("model", timeout=30))
-        return str(info.get("weight_version", version))
+        self._weight_version = info.get("weight_version", version)
+        return str(self._weight_version)
 
     def _server_alive(self) -> bool:
         return self._server is None or self._server.alive()

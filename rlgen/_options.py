@@ -29,6 +29,7 @@ __all__ = [
     "RewardOptions",
     "SamplingOptions",
     "StreamOptions",
+    "cache_mode",
     "defaults",
     "resolve",
     "takes_options",
@@ -109,6 +110,14 @@ def _flag(name: str, value: Any) -> bool:
 
 def _optional_flag(name: str, value: Any) -> bool | None:
     return None if value is None else _flag(name, value)
+
+
+def cache_mode(name: str, value: Any) -> bool | str | None:
+    """The completion cache's setting: False (off), True (greedy or seeded calls only) or "always"
+    (also unseeded sampling, which then replays its first draw); None: the Engine's setting."""
+    if value is None or isinstance(value, bool) or value == "always":
+        return value  # type: ignore[no-any-return]
+    raise ValueError(f"{name} must be True, False or 'always' (also cache unseeded sampling), got {value!r}")
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -201,6 +210,9 @@ class GenerateOptions(StreamOptions, total=False):
     progress: Annotated[bool | None, Option(
         None, "a progress line, then the call's totals: True, False, None = the Engine's setting (auto: once the "
         "call has taken a second)", _optional_flag)]
+    cache: Annotated[bool | str | None, Option(
+        None, "the completion cache: True (greedy or seeded calls: a repeated call makes no request), 'always' "
+        "(unseeded sampling too: it replays the first draw), False; None = the Engine's cache=", cache_mode)]
     data: Annotated[Any, Option(
         None, "per-prompt data (a DataFrame with a row per prompt, a list of dicts or a dict of lists): its columns "
         "join every sample of that prompt in res.df (e.g. the answer, the task name)", _table)]

@@ -61,6 +61,7 @@ __all__ = [
     "check_grace",
     "gpu_memory_by_pid",
     "gpu_memory_mib",
+    "gpu_name",
     "is_exiting",
     "reap",
     "spawn",
@@ -487,3 +488,17 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
         if len(parts) == 2 and parts[0].isdigit():
             held[int(parts[0])] = held.get(int(parts[0]), 0) + (int(parts[1]) if parts[1].isdigit() else 0)
     return held
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name as `nvidia-smi` gives it, or None where there is none to ask."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return names[0] if names else None

@@ -151,6 +151,7 @@ class Rollouts:
         sampling: dict[str, Any] | None = None,
         run_sampling: Mapping[str, dict[str, Any] | None] | None = None,
         decode: Callable[[list[int]], list[str]] | None = None,
+        run_records: Mapping[str, dict[str, Any] | None] | None = None,
     ) -> None:
         """Low-level constructor from flat arrays; results come from `Engine.generate`, `from_parquet`, `concat`.
 
@@ -172,6 +173,9 @@ class Rollouts:
         self.run_sampling: dict[str, dict[str, Any] | None] = (
             {r: given.get(r, sampling) for r in runs} if runs else given
         )
+        # What made each run (see `record`); None for runs of unknown origin (hand-built, old files).
+        records = dict(run_records or {})
+        self.run_records: dict[str, dict[str, Any] | None] = {r: records.get(r) for r in runs} if runs else records
         self._df = df
         self._p_ids, self._p_off = prompt_ids, prompt_offsets
         self._r_ids, self._r_off = response_ids, response_offsets
@@ -198,6 +202,20 @@ class Rollouts:
     def sampling(self, value: dict[str, Any] | None) -> None:
         # A new dict, so that copies sharing the old one (`to`, `with_columns`) keep theirs.
         self.run_sampling = dict.fromkeys(self.run_sampling, value)
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """What made this result, for reproducing it: rlgen and server versions, backend, model
+        path and the SHA-256 of its weights (`weights_sha256`, None where the weights are not on
+        this machine), the server's command line (API key redacted), sampling parameters with `n`
+        and `seed`, the weight versions of its rows, the call's start time (UTC), the GPU, and the
+        completion cache's hits. Kept by selection, `concat` and parquet. None when the result was
+        not made by `Engine.generate` (hand-built, an older file); per run in `run_records` when it
+        joins several runs (then this raises)."""
+        records = list(self.run_records.values())
+        if len(records) > 1:
+            raise ValueError(f"this result joins {len(records)} runs; read res.run_records (run -> record)")
+        return records[0] if records else None
 
     # -- rows and selection ----------------------------------------------------------------------
     @property
@@ -297,6 +315,7 @@ class Rollouts:
             model=self.model,
             run_sampling=self.run_sampling,
             decode=self.decode,
+            run_records=self.run_records,
         )
         out._device = self._device
         return out
@@ -333,7 +352,7 @@ class Rollouts:
         ks = {r._top_lp.shape[1] for r in items if r._top_lp is not None}
         if len(ks) > 1:
             raise ValueError(f"cannot concat results with different top-k sizes: {sorted(ks)}")
-        dfs, run_sampling = _relabel_runs(items, labels)
+        dfs, run_sampling, run_records = _relabel_runs(items, labels)
         if renumber:
             shifted, start = [], 0
             for d in dfs:
@@ -381,6 +400,7 @@ class Rollouts:
             model=", ".join(models),
             run_sampling=run_sampling,
             decode=next((r.decode for r in items if r.decode is not None), None),
+            run_records=run_records,
         )
         return out
 
@@ -688,7 +708,8 @@ class Rollouts:
             meta_info=self.meta_info,
             fields=fields,
             header={"pad_token_id": self.pad_token_id, "model": self.model, "sampling": self.sampling,
-                    "run_sampling": self.run_sampling, "tokenizer": getattr(self.decode, "source", None)},
+                    "run_sampling": self.run_sampling, "tokenizer": getattr(self.decode, "source", None),
+                    "run_records": self.run_records},
         )
 
     @classmethod
@@ -716,6 +737,7 @@ class Rollouts:
             model=header.get("model", ""),
             sampling=header.get("sampling"),
             run_sampling=header.get("run_sampling"),
+            run_records=header.get("run_records"),
             logprobs=fields["logprobs"],
             top_logprobs=fields["top_logprobs"],
             top_ids=fields["top_ids"],
@@ -770,8 +792,9 @@ def rollouts_from_responses(
     model: str = "",
     sampling: dict[str, Any] | None = None,
     decode: Callable[[list[int]], list[str]] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> Rollouts:
-    """Build from SGLang `/generate` entries, `n` per prompt, prompt-major.
+    """Build from SGLang `/generate` entries, `n` per prompt, prompt-major (`record`: see `Rollouts.record`).
 
     Args:
         responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
@@ -860,6 +883,7 @@ def rollouts_from_responses(
         model=model,
         run_sampling={run: sampling},
         decode=decode,
+        run_records={run: record},
     )
 
 
@@ -883,11 +907,13 @@ def _text_series(values: list[str]) -> pd.Series:
 
 
 def _relabel_runs(items: list[Rollouts], labels: Sequence[str] | None
-                  ) -> tuple[list[pd.DataFrame], dict[str, dict[str, Any] | None]]:
+                  ) -> tuple[list[pd.DataFrame], dict[str, dict[str, Any] | None], dict[str, dict[str, Any] | None]]:
     """Each input's df with its `run` column as `Rollouts.concat` documents, and the joined
-    run -> sampling mapping. Raises ValueError when one run would get two different samplings."""
+    run -> sampling and run -> record mappings. Raises ValueError when one run would get two
+    different samplings."""
     dfs: list[pd.DataFrame] = []
     merged: dict[str, dict[str, Any] | None] = {}
+    records: dict[str, dict[str, Any] | None] = {}
     seen: set[tuple[str, int]] = set()
     for position, item in enumerate(items):
         df = item._checked_df()
@@ -909,5 +935,7 @@ def _relabel_runs(items: list[Rollouts], labels: Sequence[str] | None
                 raise ValueError(f"run {new!r} would have two samplings ({merged[new]} and {sampling}): give labels "
                                  "that tell the inputs' runs apart")
             merged[new] = sampling
+        for old, record in (item.run_records if runs else {}).items():
+            records.setdefault(rename.get(old, old), record)
         dfs.append(df)
-    return dfs, merged
+    return dfs, merged, records

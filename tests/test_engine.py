@@ -357,10 +357,10 @@ def test_many_prompts_go_in_chunks_and_every_one_gets_its_row(engine) -> None:
 
 
 def test_without_a_chunk_size_a_call_is_split_into_about_16_requests_of_at_most_256_prompts(engine) -> None:
-    assert engine._prepare(["a"] * 40, {})[0].chunk_size == 3      # 14 requests: progress in 14 steps
-    assert engine._prepare(["a"] * 3, {"n": 8})[0].chunk_size == 1  # one request per prompt and its 8 samples
-    assert engine._prepare(["a"] * 10_000, {})[0].chunk_size == 256
-    assert engine._prepare(["a"] * 40, {"chunk_size": 40})[0].chunk_size == 40  # a chunk_size given wins
+    assert engine._prepare(["a"] * 40, {}).job.chunk_size == 3      # 14 requests: progress in 14 steps
+    assert engine._prepare(["a"] * 3, {"n": 8}).job.chunk_size == 1  # one request per prompt and its 8 samples
+    assert engine._prepare(["a"] * 10_000, {}).job.chunk_size == 256
+    assert engine._prepare(["a"] * 40, {"chunk_size": 40}).job.chunk_size == 40  # a chunk_size given wins
 
 
 def test_a_generate_call_reports_progress_per_answered_request_and_ends_with_its_totals(engine, capfd) -> None:
@@ -391,9 +391,9 @@ def test_a_score_call_ends_with_rows_and_seconds_not_a_token_rate(engine, capfd)
 def test_by_default_enough_chunks_go_out_at_once_to_fill_the_batch_the_server_runs(engine) -> None:
     capacity = engine.server_info["internal_states"][0]["effective_max_running_requests_per_dp"]
     assert isinstance(capacity, int) and capacity > 1  # SGLang and the CPU backend both report it
-    job, _, _ = engine._prepare(["a", "b"], {"chunk_size": 2, "n": 2})
+    job = engine._prepare(["a", "b"], {"chunk_size": 2, "n": 2}).job
     assert job.max_in_flight == -(-capacity // 4) + 1  # the whole running batch, plus one chunk queued
-    job, _, _ = engine._prepare(["a", "b"], {"chunk_size": 2, "max_in_flight": 3})
+    job = engine._prepare(["a", "b"], {"chunk_size": 2, "max_in_flight": 3}).job
     assert job.max_in_flight == 3
 
 

@@ -1,0 +1,113 @@
+"""The opt-in completion cache: a prompt's samples, stored on disk and found again by what made them.
+
+Owns: the key (SHA-256 over everything that decides a prompt's samples: the weights' content
+digest, the server's weight version, the prompt's token ids, the sampling parameters including the
+seed, n, and the logprob options), the file layout (one file per key under
+`<cache root>/completions/<2 hex>/<key>`), atomic writes (a temporary file renamed into place),
+and validated reads. A file is a JSON header line (format, key, n, the body's SHA-256) and then the
+body (the n answers as JSON); an entry is returned only when the header parses, names this key and
+this n, and the body's digest matches, so a truncated, corrupt or foreign file is never returned:
+it is counted, removed, and the prompt goes to the server. Knows nothing about servers, HTTP or
+`Rollouts`: an entry is the server's answers (JSON-able dicts) for one prompt's n samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ._paths import cache_dir
+
+__all__ = ["CompletionCache", "cache_key"]
+
+_FORMAT = 1
+
+
+def cache_key(*, weights_sha256: str, weight_version: str | None, prompt_ids: Sequence[int],
+              sampling: Mapping[str, Any], n: int, logprobs: bool, top_logprobs: int) -> str:
+    """The key of one prompt's samples (hex SHA-256); equal inputs give equal keys in any process."""
+    material = {
+        "format": _FORMAT, "weights_sha256": weights_sha256, "weight_version": weight_version,
+        "prompt_ids": [int(t) for t in prompt_ids], "sampling": dict(sampling), "n": int(n),
+        "logprobs": bool(logprobs), "top_logprobs": int(top_logprobs),
+    }
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=_jsonable)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class CompletionCache:
+    """Entries under `root` (default `<rlgen cache root>/completions`); `rejected` counts the
+    entries found unreadable and removed by this object."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else cache_dir() / "completions"
+        self.rejected = 0
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str, *, n: int) -> list[dict[str, Any]] | None:
+        """The n answers stored under `key`, or None (absent, or not a whole valid entry)."""
+        path = self.path(key)
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            return None
+        answers = _parse(raw, key=key, n=n)
+        if answers is None:
+            self.rejected += 1
+            with contextlib.suppress(OSError):
+                path.unlink()
+        return answers
+
+    def put(self, key: str, answers: Sequence[Mapping[str, Any]]) -> None:
+        """Store one prompt's answers; a failure to write only means the next call asks the server."""
+        body = json.dumps(list(answers), separators=(",", ":"), default=_jsonable).encode()
+        header = json.dumps({"format": _FORMAT, "key": key, "n": len(answers),
+                             "sha256": hashlib.sha256(body).hexdigest()}).encode()
+        path = self.path(key)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".entry-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(header + b"\n" + body)
+                os.replace(tmp, path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def __repr__(self) -> str:
+        return f"<rlgen CompletionCache {str(self.root)!r}>"
+
+
+def _parse(raw: bytes, *, key: str, n: int) -> list[dict[str, Any]] | None:
+    head, sep, body = raw.partition(b"\n")
+    if not sep:
+        return None
+    try:
+        header = json.loads(head)
+    except ValueError:
+        return None
+    if (not isinstance(header, dict) or header.get("format") != _FORMAT or header.get("key") != key
+            or header.get("n") != n or header.get("sha256") != hashlib.sha256(body).hexdigest()):
+        return None
+    try:
+        answers = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(answers, list) or len(answers) != n or not all(isinstance(a, dict) for a in answers):
+        return None
+    return answers
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-able")
