@@ -12,6 +12,7 @@ that share their prefix. Machines without a GPU (and the test suite) use it in p
 Modules:
     __main__       command line, startup phases and their log lines, binding, shutdown
     _app           aiohttp routes: request validation, response and SSE shaping (docs/sglang-api.md)
+    _fields        every /generate field and sampling key with SGLang's default and what is done with it
     _runner        the scheduler thread that owns the model: prefill, decode loop, sampling, stops,
                    memory release and resume
     _prefix_cache  the KV of earlier prompts, for reuse (SGLang's radix cache, as a bounded list)

@@ -27,6 +27,7 @@ import orjson
 from aiohttp import web
 
 from rlgen.cpu_server._faults import MidRequestDeath
+from rlgen.cpu_server._fields import SAMPLING_FIELDS, FieldTypeError, refusals, sampling_refusals
 from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput
 
 logger = logging.getLogger("rlgen.cpu_server")
@@ -46,13 +47,6 @@ _FLUSH_CACHE_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
     "the operation will not be performed.)\n"
 )
-
-_UNSUPPORTED_TOP_LEVEL = (
-    "input_embeds", "image_data", "video_data", "audio_data", "token_ids_logprob",
-    "lora_path", "session_params", "custom_logit_processor", "return_hidden_states",
-)  # fmt: skip
-_UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias")
-_IGNORED_SAMPLING = ("spaces_between_special_tokens", "stream_interval", "custom_params")
 
 
 class RequestValidationError(Exception):
@@ -241,11 +235,15 @@ class Routes:
                 meta["output_top_logprobs"] = [_tuples(row, text) for row in out.output_top_logprobs or []]
         if out.finished:
             meta["e2e_latency"] = out.produced_at - started
-            counters = self.state.counters
-            counters["sglang:prompt_tokens_total"] += out.prompt_tokens
-            counters["sglang:generation_tokens_total"] += len(out.output_ids)
-            counters["sglang:num_requests_total"] += 1
-        return {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}
+            if item.log_metrics:
+                counters = self.state.counters
+                counters["sglang:prompt_tokens_total"] += out.prompt_tokens
+                counters["sglang:generation_tokens_total"] += len(out.output_ids)
+                counters["sglang:num_requests_total"] += 1
+        shaped: dict[str, Any] = {"text": out.text, "output_ids": out.output_ids, "meta_info": meta}
+        if item.prompt_token_ids is not None:  # return_prompt_token_ids (TM adds it to every answer)
+            shaped["prompt_token_ids"] = item.prompt_token_ids
+        return shaped
 
     # ---- health and info ---------------------------------------------------------------------
 
@@ -435,6 +433,8 @@ class _Item:
     return_logprob: bool
     top_logprobs_num: int
     return_text_in_logprobs: bool
+    log_metrics: bool = True
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -445,11 +445,16 @@ class _Plan:
 
 
 def _check_generate_types(body: Any) -> dict[str, Any]:
-    """The pydantic type checks FastAPI runs on GenerateReqInput (wrong type: 400)."""
+    """The pydantic type checks FastAPI runs on GenerateReqInput (wrong type: 400), and the fields
+    of _fields.GENERATE_FIELDS at a value the CPU backend refuses (reported by _plan_generate)."""
     if not isinstance(body, dict):
         raise RequestValidationError("Input should be a valid dictionary or object: body")
+    try:
+        refused = refusals(body)
+    except FieldTypeError as e:
+        raise RequestValidationError(str(e)) from e
     return {
-        "unsupported": [name for name in _UNSUPPORTED_TOP_LEVEL if body.get(name) is not None],
+        "refused": refused,
         "text": _typed(body, "text", (str, list, type(None)), "a string or a list of strings", items=(str,)),
         "input_ids": _typed_input_ids(body),
         "sampling_params": _typed(body, "sampling_params", (dict, list, type(None)), "an object or a list", items=(dict,)),
@@ -459,14 +464,20 @@ def _check_generate_types(body: Any) -> dict[str, Any]:
         "top_logprobs_num": _typed(body, "top_logprobs_num", (int, list, type(None)), "an integer", items=(int,)),
         "return_text_in_logprobs": _typed(body, "return_text_in_logprobs", (bool, type(None)), "a boolean") or False,
         "stream": _typed(body, "stream", (bool, type(None)), "a boolean") or False,
+        "log_metrics": _typed(body, "log_metrics", (bool, type(None)), "a boolean") is not False,
+        "return_prompt_token_ids": _typed(body, "return_prompt_token_ids", (bool, type(None)), "a boolean") or False,
+        "routed_dp_rank": _typed(body, "routed_dp_rank", (int, type(None)), "an integer"),
     }
 
 
 def _plan_generate(fields: dict[str, Any], state: BackendState) -> _Plan:
     """Normalize like GenerateReqInput, tokenize, validate, and expand n (1.2, 1.3)."""
     text, input_ids, sampling = fields["text"], fields["input_ids"], fields["sampling_params"]
-    if fields["unsupported"]:
-        raise ValueError(f"{', '.join(fields['unsupported'])}: not supported by the rlgen CPU backend.")
+    if fields["refused"]:
+        raise ValueError("; ".join(fields["refused"]) + ".")
+    dp_rank = fields["routed_dp_rank"]
+    if dp_rank is not None and dp_rank != 0:  # SGLang's check, with dp_size 1
+        raise ValueError(f"routed_dp_rank={dp_rank} out of range [0, 1)")
     if text is None and input_ids is None:
         raise ValueError("Either text, input_ids or input_embeds should be provided.")
     if text is not None:
@@ -510,7 +521,8 @@ def _plan_generate(fields: dict[str, Any], state: BackendState) -> _Plan:
                 Job(rid=rid, input_ids=prompt, params=params, sink=_no_sink, return_logprob=bool(logprob[i]),
                     logprob_start_len=start, top_logprobs_num=tops[i], stream=fields["stream"])
             )  # fmt: skip
-            items.append(_Item(bool(logprob[i]), tops[i], bool(fields["return_text_in_logprobs"])))
+            items.append(_Item(bool(logprob[i]), tops[i], bool(fields["return_text_in_logprobs"]), fields["log_metrics"],
+                               prompt if fields["return_prompt_token_ids"] else None))  # fmt: skip
     return _Plan(is_single=is_single, jobs=jobs, items=items)
 
 
@@ -542,8 +554,8 @@ def _per_prompt_rids(rid: Any, batch_size: int, is_single: bool) -> list[str]:
         return [rid if isinstance(rid, str) else uuid.uuid4().hex]
     if rid is None:
         return [uuid.uuid4().hex for _ in range(batch_size)]
-    if isinstance(rid, str):
-        return [f"{rid}_{i}" for i in range(batch_size)]
+    if isinstance(rid, str):  # SGLang 0.5.17 keeps a batch of one's rid as it is
+        return [rid] if batch_size == 1 else [f"{rid}_{i}" for i in range(batch_size)]
     if len(rid) != batch_size:
         raise ValueError("The specified rids length mismatch with the batch_size for batch processing.")
     if len(set(rid)) != len(rid):
@@ -588,13 +600,15 @@ def _max_req_input_len(runner: Runner) -> int:
 def _sampling_params(raw: dict[str, Any], prompt: list[int], runner: Runner) -> SamplingParams:
     """SGLang's SamplingParams.__post_init__ + verify(), plus the length checks (1.4)."""
     _check_prompt(prompt, runner)
-    known = set(SamplingParams.__dataclass_fields__) | {"n", "stop"} | set(_IGNORED_SAMPLING)
-    for name in _UNSUPPORTED_SAMPLING:
-        if raw.get(name) is not None:
-            raise ValueError(f"sampling_params.{name} is not supported by the rlgen CPU backend.")
-    unknown = sorted(set(raw) - known - set(_UNSUPPORTED_SAMPLING))
+    unknown = sorted(set(raw) - set(SAMPLING_FIELDS))
     if unknown:
         raise ValueError(f"Unknown sampling parameters: {unknown}")
+    try:
+        refused = sampling_refusals(raw)
+    except FieldTypeError as e:  # SGLang: a TypeError in SamplingParams (500); here a ValueError (400)
+        raise ValueError(str(e)) from e
+    if refused:
+        raise ValueError("; ".join(refused) + ".")
 
     # These raise ValueError, not TypeError: the route turns ValueError into SGLang's 400 body.
     def number(name: str, default: float) -> float:
