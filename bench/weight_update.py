@@ -65,7 +65,7 @@ def main() -> None:
     record.data.update(model=model, runs=[])
     work = Path(tempfile.mkdtemp(prefix="rlgen-weights-"))
     policy = perturbed_copy(model, work / "b", device)
-    with rlgen.Engine(model, backend=args.backend, progress=False, enable_memory_saver=True) as eng:
+    with rlgen.Engine(model, backend=args.backend, progress=False, enable_memory_saver=True, fast_start=True) as eng:
         checkpoints = {"a": model, "b": str(work / "b")}
         outputs: dict[str, list[list[int]]] = {}
         current = "a"

@@ -38,7 +38,11 @@ __all__ = ["ABReport", "ab"]
 
 # Resampled prompt indices drawn per block: bounds the memory of one block to about 8 MB.
 _BLOCK = 1_000_000
-_HIGHER, _LOWER, _NOISE = "#1f5fa8", "#b3261e", "#888888"
+# Direction, not merit (a lower length may be the goal): blue for higher under B, orange for lower.
+_HIGHER, _LOWER, _NOISE = "#1f5fa8", "#b35a00", "#888888"
+# Below this many prompts a percentile bootstrap over prompts is too narrow to trust (with 4
+# prompts it excludes 0 whenever all four move the same way): no verdict.
+MIN_PROMPTS = 10
 
 
 def ab(
@@ -126,7 +130,7 @@ class ABReport:
 
     - `df`: metric, A, B (means over the prompts used), diff (B - A), low, high (the paired
       bootstrap interval of diff), verdict ("<B> higher" / "<B> lower" when the interval excludes 0,
-      "noise" when it does not, "too few prompts" below two prompts), prompts (how many were used).
+      "noise" when it does not, "too few prompts" below MIN_PROMPTS = 10 prompts, where a bootstrap over prompts is too narrow to trust), prompts (how many were used).
     - `samples`: samples per prompt on each side (columns A and B, indexed by prompt_index).
     - `notes`: what was left out and why (NaN rewards, prompts with too few samples for a pass@k).
     - `labels`, `n_boot`, `confidence`, `seed`; `plot()`: a forest plot of the differences.
@@ -349,7 +353,7 @@ def _compare_metric(name: str, va: np.ndarray, vb: np.ndarray, *, label_b: str, 
     diff = vb[kept] - va[kept]
     m = int(kept.sum())
     low, high = _interval(diff, n_boot=n_boot, confidence=confidence, seed=seed)
-    if m < 2:
+    if m < MIN_PROMPTS:
         verdict = "too few prompts"
     elif low > 0:
         verdict = f"{label_b} higher"
@@ -394,5 +398,4 @@ def _side_name(side: str, label: str) -> str:
 
 
 def _verdict_color(verdict: str, label_b: str) -> str:
-    # The KL heatmap's hues: blue for higher under B, red for lower.
     return {f"{label_b} higher": _HIGHER, f"{label_b} lower": _LOWER}.get(verdict, _NOISE)

@@ -25,6 +25,7 @@ __all__ = [
     "clip_text",
     "completion_html",
     "engine_html",
+    "last_user_message",
     "logprob_color",
     "piece_html",
     "record_note",
@@ -245,7 +246,7 @@ def _finish_cell(row: Any) -> str:
     return f'<span style="color:{colour}">{html.escape(text)}</span>'
 
 
-def _last_user_message(row: Any) -> str | None:
+def last_user_message(row: Any) -> str | None:
     """The last user turn of a chat prompt (the part a reader wants), None for a plain prompt."""
     messages = row.get("prompt_messages")
     if not isinstance(messages, (list, tuple)) and not hasattr(messages, "__len__"):
@@ -261,7 +262,7 @@ def _prompt_cell(row: Any, *, max_chars: int) -> str:
     """The last user message (or the prompt's end), the full prompt one click away."""
     prompt = row["prompt"]
     full = prompt if isinstance(prompt, str) else f"({int(row['prompt_tokens'])} prompt tokens, given as ids)"
-    short = _last_user_message(row)
+    short = last_user_message(row)
     shown = clip_text(short, max_chars) if short is not None else clip_text(full, max_chars, tail=True)
     label = f'<span style="color:#888">prompt {row["prompt_index"]}</span> '
     if shown == full:

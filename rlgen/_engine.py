@@ -868,13 +868,22 @@ class Engine:
         _loop.run_sync(self._client.post("/release_memory_occupation", body))
         self._released = set(tags) if tags else {"weights", "kv_cache", "cuda_graph"}
 
-    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Take the GPU memory back; weights released earlier are reloaded so outputs are unchanged."""
+    def resume_memory(self, tags: Sequence[str] | None = None, *, load: str | os.PathLike[str] | None = None,
+                      weight_version: str | None = None) -> None:
+        """Take the GPU memory back; weights released earlier are reloaded so outputs are unchanged.
+
+        `load`: a checkpoint to load instead (`update_weights_from_disk(load, weight_version=)`):
+        one load rather than reloading the old weights and then loading new ones, and the old
+        checkpoint need not exist any more.
+        """
         self._check_ready()
         body = {"tags": list(tags)} if tags else {}
         _loop.run_sync(self._client.post("/resume_memory_occupation", body))
         resumed = set(tags) if tags else self._released
         self._released = self._released - resumed
+        if load is not None:
+            self.update_weights_from_disk(load, weight_version=weight_version)
+            return
         # SGLang's resume restores the weights' memory but not their values (greedy output comes back
         # empty; the CPU backend does the same). Reload them from disk, keeping the weight version,
         # so outputs are unchanged.
@@ -886,13 +895,25 @@ class Engine:
             }))
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Free the server's GPU memory for the block (e.g. a training step), then take it back."""
+    def paused(self, *, load: str | os.PathLike[str] | None = None, weight_version: str | None = None
+               ) -> Iterator[None]:
+        """Free the server's GPU memory for the block (e.g. a training step), then take it back.
+
+        `load`: the checkpoint the block writes (e.g. `policy.save_pretrained(path)`); leaving the
+        block loads it in place of the old weights, as `weight_version` (one load, not a reload of
+        the old weights plus `update_weights_from_disk`). If the block raises, the old weights come
+        back instead.
+        """
         self.release_memory()
+        finished = False
         try:
             yield
+            finished = True
         finally:
-            self.resume_memory()
+            if finished:
+                self.resume_memory(load=load, weight_version=weight_version)
+            else:
+                self.resume_memory()
 
     def metrics(self) -> pd.DataFrame:
         """SGLang's Prometheus metrics as a DataFrame (name, labels, value); needs enable_metrics=True."""

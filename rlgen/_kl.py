@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._compare import not_comparable_reason
-from ._display import VIEW_STYLE, clip_text, logprob_color, piece_html, token_pieces
+from ._display import VIEW_STYLE, clip_text, last_user_message, logprob_color, piece_html, token_pieces
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,7 +139,9 @@ class LogprobShift:
         self._tokens, self._mask = tokens, mask
         self._source = source
         # Snapshot of what the df, per_prompt and top read from a: later edits of a.df do not move them.
-        self._rows = source.df[["run", "prompt_index", "prompt", "completion"]].copy()
+        keep = ["run", "prompt_index", "prompt", "completion", *(["prompt_messages"] if "prompt_messages" in source.df
+                                                                 else [])]
+        self._rows = source.df[keep].copy()
         self.df: pd.DataFrame = _row_table(tokens, mask, source.df)
         self.summary: dict[str, Any] = self._summarize()
         self._cached: dict[str, torch.Tensor] | None = None
@@ -347,12 +349,14 @@ class ShiftHeatmap:
             spans.append(f'<span style="color:#888"> … +{more} tokens</span>')
         if not ids:
             spans.append('<span style="color:#888">(empty)</span>')
-        prompt = shift._rows["prompt"].iloc[i]
+        prompt = last_user_message(shift._rows.iloc[i])
+        if prompt is None:
+            prompt = shift._rows["prompt"].iloc[i]
         head = (f"row {i} · prompt {int(row['prompt_index'])} · sample {int(row['sample_index'])} · "
                 f"{int(row['tokens_compared'])} token{'s' if int(row['tokens_compared']) != 1 else ''} compared · k3 {_number(float(row['k3']))} · "
                 f"mean diff {_number(float(row['diff_mean']), signed=True)}")
         if isinstance(prompt, str):
-            head += f" · prompt {clip_text(prompt, 80, tail=True)!r}"
+            head += f" · prompt: {clip_text(prompt, 80, tail=True)}"
         return (f'<div style="margin:6px 0"><div style="color:#666;font-size:90%">{html.escape(head)}</div>'
                 '<div style="white-space:pre-wrap;word-break:break-word;overflow-wrap:anywhere;color:#111;'
                 f'line-height:1.5;text-align:left">{"".join(spans)}</div></div>')

@@ -9,5 +9,5 @@ if ! python -c "import jupyterlab, ipykernel, ipywidgets" >/dev/null 2>&1; then
   echo "[rlgen setup] installing JupyterLab, ipykernel and ipywidgets into $(dirname "$(dirname "$(command -v python)")")" >&2
   python -m pip install -q "jupyterlab>=4" ipykernel "ipywidgets>=8"
 fi
-echo "[rlgen] start with notebooks/01_quickstart.ipynb, then 02_reward_debugging and 03_group_advantages" >&2
+echo "[rlgen] start with notebooks/01_quickstart.ipynb, then 02_reward_debugging, 03_group_advantages, 04_one_rl_step and 05_checkpoint_ab" >&2
 exec python -m jupyterlab --notebook-dir=notebooks "$@"

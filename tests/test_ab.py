@@ -49,13 +49,15 @@ REWARDS = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0], [0.
 
 
 def test_identical_a_and_b_differ_by_zero_on_every_metric_and_are_noise() -> None:
-    a = make(REWARDS, finish=[["stop", "length", "stop", "stop"]] * 5)
+    a = make(REWARDS * 2, finish=[["stop", "length", "stop", "stop"]] * 10)
     report = ab(a, a)
     assert list(report.df.columns) == ["metric", "A", "B", "diff", "low", "high", "verdict", "prompts"]
     assert list(report.df["metric"]) == ["reward", "completion_tokens", "finish: stop", "finish: length",
                                          "pass@1", "pass@4"]
     assert (report.df["diff"] == 0).all() and (report.df["low"] == 0).all() and (report.df["high"] == 0).all()
-    assert set(report.df["verdict"]) == {"noise"} and set(report.df["prompts"]) == {5}
+    assert set(report.df["verdict"]) == {"noise"} and set(report.df["prompts"]) == {10}
+    # The same on fewer prompts than a bootstrap can judge: no verdict.
+    assert set(ab(a[:20], a[:20]).df["verdict"]) == {"too few prompts"}
 
 
 def test_b_with_clearly_higher_rewards_on_every_prompt_is_b_higher_with_an_interval_above_zero() -> None:
@@ -69,11 +71,15 @@ def test_b_with_clearly_higher_rewards_on_every_prompt_is_b_higher_with_an_inter
     assert metric(ab(make(better), make(base)), "reward")["verdict"] == "B lower"
 
 
-def test_a_tiny_difference_on_few_prompts_is_noise() -> None:
-    a = make([[0.5, 0.6], [0.2, 0.1], [0.9, 0.8]])
-    b = make([[0.6, 0.6], [0.1, 0.1], [0.95, 0.8]])
+def test_a_tiny_difference_is_noise_and_four_prompts_moving_alike_get_no_verdict() -> None:
+    a = make([[0.5, 0.6], [0.2, 0.1], [0.9, 0.8]] * 4)
+    b = make([[0.6, 0.6], [0.1, 0.1], [0.95, 0.8]] * 4)
     row = metric(ab(a, b), "reward")
     assert row["verdict"] == "noise" and row["low"] < 0 < row["high"]
+    # Four prompts that all moved up a little: the interval excludes 0, but 4 prompts are too few
+    # for a percentile bootstrap to mean that.
+    few = metric(ab(make([[0.1, 0.2]] * 4), make([[0.15, 0.2]] * 4)), "reward")
+    assert few["low"] > 0 and few["verdict"] == "too few prompts"
 
 
 def test_pass_at_k_is_the_mean_over_prompts_of_the_unbiased_estimator() -> None:
@@ -158,13 +164,13 @@ def test_bad_options_are_refused_with_what_to_give() -> None:
 
 def test_repr_and_html_show_the_table_the_interval_and_coloured_verdicts() -> None:
     rng = np.random.default_rng(3)
-    base = [[float(x) for x in rng.uniform(0, 0.5, 2)] for _ in range(8)]
+    base = [[float(x) for x in rng.uniform(0, 0.5, 2)] for _ in range(10)]
     report = ab(make(base), make([[r + 1 for r in g] for g in base]), labels=("<old>", "new"))
     text = repr(report)
-    assert text.splitlines()[0] == "<ABReport <old> vs new: 90% paired bootstrap interval over 8 prompts, 2000 resamples"
+    assert text.splitlines()[0] == "<ABReport <old> vs new: 90% paired bootstrap interval over 10 prompts, 2000 resamples"
     assert "new higher" in text and text.endswith(">")
     page = report._repr_html_()
-    assert "90% paired bootstrap interval over 8 prompts, 2000 resamples" in page
+    assert "90% paired bootstrap interval over 10 prompts, 2000 resamples" in page
     assert "&lt;old&gt;" in page and "<old>" not in page
     assert "color:#1f5fa8;font-weight:bold'>new higher" in page
 

@@ -5,6 +5,7 @@ the weights it came from. A real CPU-backend server and real checkpoints on disk
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def test_perturbed_weights_change_greedy_outputs_and_the_original_weights_restor
         model_path: str, tmp_path: Path) -> None:
     changed = perturbed_checkpoint(model_path, tmp_path / "perturbed")
     greedy = {"max_new_tokens": 16, "temperature": 0.0}
-    with rlgen.Engine(model_path, backend=BACKEND, progress=False, fast_start=True) as eng:
+    with rlgen.Engine(model_path, backend=BACKEND, progress=False, fast_start=True, enable_memory_saver=True) as eng:
         before = eng.generate(PROMPTS, **greedy)
         assert set(before.df.weight_version) == {"default"}
         version = eng.update_weights_from_disk(changed, weight_version="perturbed-1")
@@ -62,3 +63,18 @@ def test_perturbed_weights_change_greedy_outputs_and_the_original_weights_restor
             assert torch.allclose(restored.logprobs, before.logprobs, atol=0.05)
         assert set(restored.df.weight_version) == {"original"}
         assert restored.record["weights_sha256"] == before.record["weights_sha256"]
+        # paused(load=): leaving the block loads the checkpoint it wrote, once; the weights held
+        # before may be gone by then (an RL loop deletes old checkpoints as it goes).
+        previous = Path(shutil.copytree(changed, tmp_path / "previous"))
+        eng.update_weights_from_disk(previous, weight_version="previous")
+        with eng.paused(load=changed, weight_version="perturbed-2"):
+            shutil.rmtree(previous)
+        again = eng.generate(PROMPTS, **greedy)
+        assert again.id_lists("response") == after.id_lists("response")
+        assert set(again.df.weight_version) == {"perturbed-2"}
+        # A block that raises brings the old weights back and does not load its checkpoint.
+        with pytest.raises(RuntimeError, match="training failed"), eng.paused(load=tmp_path / "never-written"):
+            raise RuntimeError("training failed")
+        failed = eng.generate(PROMPTS, **greedy)
+        assert failed.id_lists("response") == after.id_lists("response")
+        assert set(failed.df.weight_version) == {"perturbed-2"}

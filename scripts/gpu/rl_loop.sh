@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: issue 15's proofs on real SGLang, in calls that each fit a call's limit:
-#   bash scripts/gpu/rl_loop.sh bench      # warm-up start, bench/weight_update.py, the perturbed-weights test
+#   bash scripts/gpu/rl_loop.sh bench      # bench/weight_update.py (its Engine pays a fresh machine's cold
+#                                          # start), then the perturbed-weights test
 #   bash scripts/gpu/rl_loop.sh notebooks  # notebooks 04 (one RL step) and 05 (checkpoint A/B) under nbmake
 # Each step writes straight to $OUT, so a call cut by its time limit keeps what it had.
 source "$(dirname "$0")/common.sh"
@@ -8,7 +9,6 @@ export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_M
 python3 bench/_common.py --for "bash scripts/gpu/rl_loop.sh $1" > "$OUT/environment-$1.json"
 case "$1" in
   bench)
-    warm_sglang > "$OUT/warmup.txt" 2>&1
     python3 bench/weight_update.py --backend sglang --out "$OUT/weight_update.json" > "$OUT/weight_update.txt" 2>&1
     tail -9 "$OUT/weight_update.txt"
     RLGEN_TEST_BACKEND=sglang python3 -m pytest -p no:cacheprovider -rA -q tests/test_weight_versions.py \
