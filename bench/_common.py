@@ -105,6 +105,21 @@ def reported_again(args: argparse.Namespace, report: Callable[[Record], None]) -
     return True
 
 
+def begin(doc: str | None, script: str, report: Callable[[Record], None], *, repeats: int
+          ) -> tuple[argparse.Namespace, str, Record] | None:
+    """The opening every measuring script shares: its command line (with `--report-only`), SGLang's
+    site flags for an sglang run, the model, and the Record; None when the call only re-reported a
+    saved run."""
+    ap = base_parser(doc, repeats=repeats)
+    add_report_only(ap)
+    args = ap.parse_args()
+    if reported_again(args, report):
+        return None
+    if args.backend == "sglang":
+        site_flags()
+    return args, model_path(args.model), Record(args.out, args, script)
+
+
 def repeats_of(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         return args.repeats

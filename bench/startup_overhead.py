@@ -94,15 +94,10 @@ def one_start(kind: str, model: str, backend: str, log_dir: Path) -> dict[str, A
 
 
 def main() -> None:
-    ap = C.base_parser(__doc__, repeats=PAIRS)
-    C.add_report_only(ap)
-    args = ap.parse_args()
-    if C.reported_again(args, report):
+    begun = C.begin(__doc__, "bench/startup_overhead.py", report, repeats=PAIRS)
+    if begun is None:
         return
-    if args.backend == "sglang":
-        C.site_flags()
-    model = C.model_path(args.model)
-    record = C.Record(args.out, args, "bench/startup_overhead.py")
+    args, model, record = begun
     record.data.update(model=model, bare_argv=bare_argv(model, args.backend), client_imports_s=import_client(model),
                        runs=[])
     record.save()

@@ -48,20 +48,15 @@ def perturbed_copy(model: str, out: Path, device: str) -> Any:
 
 
 def main() -> None:
-    ap = C.base_parser(__doc__, repeats=REPEATS)
-    C.add_report_only(ap)
-    args = ap.parse_args()
-    if C.reported_again(args, report):
+    begun = C.begin(__doc__, "bench/weight_update.py", report, repeats=REPEATS)
+    if begun is None:
         return
-    if args.backend == "sglang":
-        C.site_flags()
+    args, model, record = begun
     import torch
 
     import rlgen
 
-    model = C.model_path(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    record = C.Record(args.out, args, "bench/weight_update.py")
     record.data.update(model=model, runs=[])
     work = Path(tempfile.mkdtemp(prefix="rlgen-weights-"))
     policy = perturbed_copy(model, work / "b", device)
