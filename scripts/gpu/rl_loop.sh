@@ -15,7 +15,7 @@ case "$1" in
       --junitxml="$OUT/weight-versions.xml" > "$OUT/weight-versions.txt" 2>&1
     tail -2 "$OUT/weight-versions.txt" ;;
   notebooks)
-    for nb in notebooks/04_one_rl_step.ipynb notebooks/05_checkpoint_ab.ipynb; do
+    for nb in ${NOTEBOOKS:-notebooks/04_one_rl_step.ipynb notebooks/05_checkpoint_ab.ipynb}; do
       name=$(basename "$nb" .ipynb)
       # Executed with nbclient (in the bundle) and saved with its outputs, so the run can be read.
       python3 -c "import sys, time, nbclient, nbformat; nb = nbformat.read(sys.argv[1], as_version=4); t = time.monotonic()
