@@ -86,6 +86,20 @@ _HINTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (_PORT_IN_USE_PATTERN, PORT_IN_USE_HINT),
         (
+            # A running server whose model produced NaN/inf logits (seen on SGLang 0.5.17 after
+            # loading weights a bf16-autocast training step had made NaN): torch's multinomial
+            # asserts on the GPU, the scheduler dies and SGLang SIGKILLs its own process tree.
+            r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
+            "the model produced NaN or inf probabilities, so the server's sampler crashed and SGLang stopped "
+            "its own processes: check the weights last loaded (e.g. torch.isfinite on a trained model's "
+            "parameters) and start a new Engine",
+        ),
+        (
+            r"Scheduler hit an exception",
+            "the server's scheduler crashed (its traceback is in the log) and SGLang stopped its own "
+            "processes: start a new Engine; if it happens again, the log's traceback says why",
+        ),
+        (
             r"CUDA driver version is insufficient|no kernel image is available for execution"
             r"|forward compatibility was attempted|unsupported display driver / cuda driver combination",
             "the CUDA build of torch/SGLang does not match this GPU's driver or architecture: install "

@@ -313,6 +313,24 @@ def test_known_failure_signatures_in_the_log_give_a_one_line_hint(tmp_path: Path
     assert (expected in hint) if expected else hint == ""
 
 
+def test_a_server_whose_scheduler_crashed_is_not_blamed_on_something_outside_rlgen(tmp_path: Path) -> None:
+    # The log of notebook 04's first SGLang run (NaN weights): SGLang SIGKILLed its own tree after
+    # the sampler's device-side assert, and the old hint blamed the OOM killer.
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-12-01 15:10:28] Decode batch. #running-req: 128\n"
+        "/pytorch/aten/src/ATen/native/cuda/TensorCompare.cu:109: _assert_async_cuda_kernel: block: [0,0,0], thread: "
+        "[0,0,0] Assertion `probability tensor contains either `inf`, `nan` or element < 0` failed.\n"
+        "[2026-12-01 15:10:28] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+        "[2026-12-01 15:10:33] kill_process_tree called: parent_pid=1638, include_parent=True, pid=1638\n")
+    hint = _server_log.died_hint(-signal.SIGKILL, log)
+    assert "NaN or inf probabilities" in hint and "outside rlgen" not in hint
+    log.write_text("[2026-12-01 15:10:28] Scheduler hit an exception: Traceback (most recent call last):\n"
+                   "ValueError: something else\n")
+    assert "scheduler crashed" in _server_log.died_hint(-signal.SIGKILL, log)
+
+
 def test_gpu_memory_check_answers_none_without_a_gpu() -> None:
     if _process_tree._gpu_pids() is not None:
         pytest.skip("this machine has a GPU driver")
