@@ -57,10 +57,10 @@ def test_perturbed_weights_change_greedy_outputs_and_the_original_weights_restor
         eng.update_weights_from_disk(model_path, weight_version="original")
         restored = eng.generate(PROMPTS, **greedy)
         assert restored.id_lists("response") == before.id_lists("response")
-        if BACKEND == "cpu":  # float32 on one thread: bit for bit; SGLang's bf16 kernels need not be
-            assert torch.equal(restored.logprobs, before.logprobs)
-        else:
-            assert torch.allclose(restored.logprobs, before.logprobs, atol=0.05)
+        # Logprobs to rounding: the server batches the call's requests as they arrive, and another
+        # batch (other padding) moves float32 results by ~1e-6 on the CPU backend (seen in CI), bf16
+        # results by more on SGLang.
+        assert torch.allclose(restored.logprobs, before.logprobs, atol=1e-4 if BACKEND == "cpu" else 0.05)
         assert set(restored.df.weight_version) == {"original"}
         assert restored.record["weights_sha256"] == before.record["weights_sha256"]
         # paused(load=): leaving the block loads the checkpoint it wrote, once; the weights held
