@@ -24,6 +24,7 @@ from ._errors import (
     ServerRequestError,
     ServerStartupError,
     ServerStartupTimeout,
+    WorkerRequestError,
 )
 from ._kl import LogprobShift, compare
 from ._models import DEFAULT_MODEL, resolve_model
@@ -60,6 +61,7 @@ __all__ = [
     "ServerStartupTimeout",
     "StreamOptions",
     "TokenIds",
+    "WorkerRequestError",
     "__version__",
     "ab",
     "compare",
@@ -72,5 +74,5 @@ __all__ = [
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
 for _obj in (Engine, EngineState, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
              reap, resolve_model, RlgenError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
-             ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout):
+             ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WorkerRequestError):
     _obj.__module__ = "rlgen"

@@ -34,6 +34,10 @@ KEEPALIVE_S = 2.0
 class Client:
     """An async client for one server's native API.
 
+    `one_prompt_per_request` tells the generate core which request shape the server takes: False,
+    batched requests (a list of prompts, a list of rids); True (a router, `rlgen._router`), one
+    prompt per request with one rid.
+
     Args:
         url: base URL, e.g. "http://127.0.0.1:30000".
         request_timeout: seconds a single request may take before RequestTimeout (None: no limit;
@@ -41,6 +45,8 @@ class Client:
         on_connection_error: called when the server cannot be reached; may raise a better error
             (e.g. ServerDiedError with the log tail when the owned process is gone).
     """
+
+    one_prompt_per_request = False
 
     def __init__(
         self,
@@ -101,6 +107,9 @@ class Client:
         except aiohttp.ClientConnectionError as err:
             self._connection_failed()
             raise RequestError(f"cannot reach the server at {self.url} ({err}); is it running?") from err
+        except aiohttp.ClientPayloadError as err:
+            self._connection_failed()
+            raise RequestError(f"{method} {path}: the server at {self.url} broke off its answer ({err})") from err
 
     async def get(self, path: str, **kwargs: Any) -> Any:
         return await self.request("GET", path, **kwargs)
@@ -157,6 +166,11 @@ class Client:
         except aiohttp.ClientConnectionError as err:
             self._connection_failed()
             raise RequestError(f"cannot reach the server at {self.url} ({err}); is it running?") from err
+        except aiohttp.ClientPayloadError as err:
+            # The connection broke mid-stream: e.g. behind a router, the worker serving it died (a
+            # router cannot retry a stream it has started to pass on).
+            self._connection_failed()
+            raise RequestError(f"the stream from {self.url} broke off before it finished ({err})") from err
 
     async def abort(self, rids: list[str]) -> None:
         """Abort requests by rid (SGLang 0.5.17's /abort_request takes one rid, or everything)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from . import _keep_alive, _loop, _options, _server_info
+from . import _keep_alive, _loop, _options, _router, _server_info
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
@@ -285,6 +285,11 @@ class Engine:
     ) -> Engine:
         """Attach to a running SGLang server (remote, multi-node, a router). close() never stops it.
 
+        Behind an `sglang-router` (detected: its /get_server_info says `router_manager`), generate()
+        sends one request per prompt (the router refuses batched ones), and the control methods
+        (update_weights_from_disk, release_memory/resume_memory/paused, flush_cache, aborts) go to
+        every worker the router lists; `info["router"]` lists them. docs/scale-out.md has the details.
+
         Args:
             url: the server's base URL, e.g. "http://10.0.0.5:30000".
             tokenizer: a tokenizer object or a local path for it; default: the server's
@@ -303,6 +308,7 @@ class Engine:
         probe = Client(self.url, api_key=api_key)
         try:
             info = _loop.run_sync(probe.get_info("model", timeout=30))
+            self._behind_router = _loop.run_sync(_router.is_router(probe))
         finally:
             _loop.run_sync(probe.aclose())
         self.model_path = info.get("model_path", "")
@@ -330,10 +336,12 @@ class Engine:
         self._weight_updates = 0
         self._weights_path: str | None = None  # where the served weights were last loaded from
         self._released: set[str] = set()      # memory tags released and not yet resumed
+        self._behind_router = False           # connect() to an sglang-router: see rlgen._router
 
     def _connect(self, *, tokenizer: Any) -> None:
-        self._client = Client(self.url, request_timeout=self._request_timeout, on_connection_error=self._on_connection_error,
-                              api_key=self._api_key)
+        client_type = _router.RouterClient if self._behind_router else Client
+        self._client = client_type(self.url, request_timeout=self._request_timeout,
+                                   on_connection_error=self._on_connection_error, api_key=self._api_key)
         self.tokenizer = _load_tokenizer(tokenizer)
         self._token_text = TokenText(self.tokenizer)  # each result's decode: token text for its view
         self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
@@ -441,9 +449,23 @@ class Engine:
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,
             "gpu_memory_mib": gpu_memory_mib(pids) if pids is not None else None,
+            "router": self._router_info(),
         }
         if kept is not None:
             info["kept"] = _registry_kept_summary(kept.pid)
+        return info
+
+    def _router_info(self) -> dict[str, Any] | None:
+        """Behind a router: its workers as it lists them now (or as last seen, if it does not answer)."""
+        client = self._client if self._behind_router and self._state is EngineState.READY else None
+        if not isinstance(client, _router.RouterClient):
+            return None
+        info: dict[str, Any] = {"url": self.url}
+        try:
+            _loop.run_sync(client.list_workers(timeout=5))
+        except RequestError as err:
+            info["error"] = str(err)
+        info["workers"] = [w.as_dict() for w in client.workers]
         return info
 
     def _command(self) -> list[str] | None:
@@ -455,6 +477,8 @@ class Engine:
         server, kept = getattr(self, "_server", None), getattr(self, "_kept", None)
         pid = server.pid if server is not None else (kept.pid if kept is not None else None)
         where = (f"pid={pid} " if pid is not None else "") + ("kept " if kept is not None else "")
+        if getattr(self, "_behind_router", False):
+            where += "router "
         return f"<rlgen.Engine {self.model!r} backend={self.backend} {where}url={self.url} state={self.state.value}>"
 
     def _repr_html_(self) -> str:
@@ -823,7 +847,16 @@ class Engine:
     def flush_cache(self) -> None:
         """Drop the server's prefix (radix) cache. SGLang refuses while requests are running."""
         self._check_ready()
-        _loop.run_sync(self._client.post("/flush_cache"))
+        self._control("/flush_cache", {}, what="flush_cache()")
+
+    def _control(self, path: str, body: dict[str, Any], *, what: str, retries: int = 0, backoff_s: float = 1.0) -> Any:
+        """POST a control request to the server; behind a router, to every worker it lists, at once
+        (the router has no such routes), raising one WorkerRequestError that names each worker that
+        failed after all were tried. Returns the server's answer (behind a router: one worker's)."""
+        if isinstance(self._client, _router.RouterClient):
+            answers = _loop.run_sync(self._client.fan_out(path, body, what=what, retries=retries, backoff_s=backoff_s))
+            return next(iter(answers.values()), None)
+        return _loop.run_sync(self._client.post(path, body))
 
     def update_weights_from_disk(self, path: str | os.PathLike[str], *, weight_version: str | None = None,
                                  retries: int = 3, backoff_s: float = 1.0) -> str:
@@ -831,15 +864,31 @@ class Engine:
 
         Retries transient failures (connection errors, HTTP 5xx/503) with backoff; a rejected path
         (HTTP 400) fails at once. The version defaults to "<dir name>@<n>" so rows stay traceable.
+        Behind a router every worker loads it, at once; if some fail, WorkerRequestError names them.
         """
         self._check_ready()
         self._weight_updates += 1
         version = weight_version or f"{Path(path).name}@{self._weight_updates}"
         body = {"model_path": str(path), "weight_version": version}
+        if self._behind_router:  # every worker, retried per worker; a failure names the worker
+            result = self._control("/update_weights_from_disk", body, what=f"update_weights_from_disk({str(path)!r})",
+                                   retries=retries, backoff_s=backoff_s)
+        else:
+            result = self._update_weights(body, path, retries=retries, backoff_s=backoff_s)
+        if isinstance(result, dict) and result.get("success") is False:
+            raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
+        self._weights_path = str(path)
+        self._weights = WeightsHash(path)  # the new weights' content hash, for records and the cache
+        info = _loop.run_sync(self._client.get_info("model", timeout=30))
+        self._weight_version = info.get("weight_version", version)
+        return str(self._weight_version)
+
+    def _update_weights(self, body: dict[str, Any], path: str | os.PathLike[str], *, retries: int,
+                        backoff_s: float) -> Any:
+        """POST /update_weights_from_disk to the server, retrying transient failures."""
         for attempt in range(retries + 1):
             try:
-                result = _loop.run_sync(self._client.post("/update_weights_from_disk", body))
-                break
+                return _loop.run_sync(self._client.post("/update_weights_from_disk", body))
             except ServerRequestError as err:
                 if err.status < 500 or attempt == retries:
                     raise ServerRequestError(f"update_weights_from_disk({str(path)!r}) failed: {err.body}",
@@ -848,13 +897,7 @@ class Engine:
                 if attempt == retries or not self._server_alive():
                     raise
             time.sleep(backoff_s * 2**attempt)
-        if isinstance(result, dict) and result.get("success") is False:
-            raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
-        self._weights_path = str(path)
-        self._weights = WeightsHash(path)  # the new weights' content hash, for records and the cache
-        info = _loop.run_sync(self._client.get_info("model", timeout=30))
-        self._weight_version = info.get("weight_version", version)
-        return str(self._weight_version)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _server_alive(self) -> bool:
         return self._server is None or self._server.alive()
@@ -865,7 +908,7 @@ class Engine:
         if not self._memory_saver:
             raise EngineError("release_memory() needs the server started with enable_memory_saver=True")
         body = {"tags": list(tags)} if tags else {}
-        _loop.run_sync(self._client.post("/release_memory_occupation", body))
+        self._control("/release_memory_occupation", body, what="release_memory()")
         self._released = set(tags) if tags else {"weights", "kv_cache", "cuda_graph"}
 
     def resume_memory(self, tags: Sequence[str] | None = None, *, load: str | os.PathLike[str] | None = None,
@@ -878,7 +921,7 @@ class Engine:
         """
         self._check_ready()
         body = {"tags": list(tags)} if tags else {}
-        _loop.run_sync(self._client.post("/resume_memory_occupation", body))
+        self._control("/resume_memory_occupation", body, what="resume_memory()")
         resumed = set(tags) if tags else self._released
         self._released = self._released - resumed
         if load is not None:
@@ -889,10 +932,10 @@ class Engine:
         # so outputs are unchanged.
         if "weights" in resumed:
             info = _loop.run_sync(self._client.get_info("model", timeout=30))
-            _loop.run_sync(self._client.post("/update_weights_from_disk", {
+            self._control("/update_weights_from_disk", {
                 "model_path": self._weights_path or self.model_path,
                 "weight_version": info.get("weight_version"),
-            }))
+            }, what="resume_memory() reloading the weights")
 
     @contextlib.contextmanager
     def paused(self, *, load: str | os.PathLike[str] | None = None, weight_version: str | None = None

@@ -9,7 +9,8 @@
     │   └── EngineClosedError       the Engine was used after close()
     └── RequestError                one HTTP request to the server
         ├── ServerRequestError      the server answered with an error status (HTTP 4xx/5xx)
-        └── RequestTimeout          no answer within the client's timeout
+        ├── RequestTimeout          no answer within the client's timeout
+        └── WorkerRequestError      behind a router: a request sent to every worker failed on some
 
 Ctrl-C is not an rlgen error: it raises KeyboardInterrupt as everywhere in Python (generate()
 first aborts its requests on the server and keeps the finished samples in `eng.last_result`).
@@ -31,6 +32,7 @@ __all__ = [
     "ServerRequestError",
     "ServerStartupError",
     "ServerStartupTimeout",
+    "WorkerRequestError",
 ]
 
 
@@ -124,3 +126,22 @@ class ServerRequestError(RequestError):
 class RequestTimeout(RequestError):
     """The server did not answer within the client's timeout (raise `request_timeout=`)."""
 
+
+
+class WorkerRequestError(RequestError):
+    """Behind a router: a control request that rlgen sends to every worker (new weights, memory,
+    cache, abort) failed on some of them. Every worker was tried; the ones in `succeeded` did it,
+    so the workers may now differ (e.g. serve different weights) until the call is repeated.
+
+    Attributes:
+        failures: worker URL -> what went wrong there (the worker's answer, or why it could not be reached).
+        statuses: worker URL -> the HTTP status it answered, or None where it could not be reached.
+        succeeded: the URLs of the workers where the request worked.
+    """
+
+    def __init__(self, message: str, *, failures: dict[str, str], statuses: dict[str, int | None],
+                 succeeded: list[str]) -> None:
+        self.failures = failures
+        self.statuses = statuses
+        self.succeeded = succeeded
+        super().__init__(message)

@@ -4,7 +4,8 @@ Owns: splitting the prompts into chunks of batched `/generate` requests, keeping
 in flight (so huge inputs stream through with bounded memory), reporting progress per answered
 request, giving every sample an `rid`, streaming (time to first token, inter-token latencies), and
 what happens on Ctrl-C or a failing request: the in-flight rids are aborted on the server, and the
-samples that did finish are kept. Knows nothing about processes or about the result's tensors.
+samples that did finish are kept. Behind a router (a client with `one_prompt_per_request`), the
+same with one request per prompt. Knows nothing about processes or about the result's tensors.
 
 Runs on rlgen's background loop (`rlgen._loop`).
 """
@@ -77,47 +78,53 @@ async def run_generate(client: Client, job: GenerateJob, *,
 
     On cancellation (Ctrl-C) or a failing request, the rids still in flight are aborted on the
     server before the exception propagates; finished samples stay in `job.results`.
+
+    A client with `one_prompt_per_request` (a router) gets one request per prompt instead of
+    batched chunks (`_single_payload`), with as many prompts in flight as the chunks would hold.
     """
-    # 1) Plan the chunks: [start, stop) prompt ranges, each one /generate request.
+    # 1) Plan the requests: [first, stop) ranges of samples (prompt-major), each one /generate.
     job.results = [None] * job.n_samples
     job.ttft_s = [None] * job.n_samples
     job.itl_s = [None] * job.n_samples
-    chunks = [(a, min(a + job.chunk_size, len(job.prompt_ids))) for a in range(0, len(job.prompt_ids), job.chunk_size)]
+    single = bool(getattr(client, "one_prompt_per_request", False))
+    spans, limit = (_single_spans(job) if single else
+                    ([(a * job.n, min(a + job.chunk_size, len(job.prompt_ids)) * job.n)
+                      for a in range(0, len(job.prompt_ids), job.chunk_size)], job.max_in_flight))
     in_flight: dict[str, None] = {}  # rids sent and not yet answered (ordered set)
-    limiter = asyncio.Semaphore(job.max_in_flight)
+    limiter = asyncio.Semaphore(limit)
 
-    async def one_chunk(start: int, stop: int) -> None:
+    async def one_request(first: int, stop: int) -> None:
         async with limiter:
-            payload, rids = _payload(job, start, stop)
+            payload, rids = _single_payload(job, first, stop) if single else _payload(job, first // job.n, stop // job.n)
             in_flight.update(dict.fromkeys(rids))
             cancelled = False
             try:
                 if job.stream:
-                    await _send_streamed(client, job, payload, start)
+                    await _send_streamed(client, job, payload, first, stop - first)
                 else:
                     entries = await client.generate(payload)
-                    _store(job, start, entries if isinstance(entries, list) else [entries])
+                    _store(job, first, stop, entries if isinstance(entries, list) else [entries])
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: keep its rids for step 3 to abort
                 raise
             except ServerRequestError as err:
                 raise ServerRequestError(
-                    f"prompts {start}..{stop - 1}: {err}", status=err.status, body=err.body, prompt_index=start
+                    f"{_prompts(job, first, stop)}: {err}", status=err.status, body=err.body,
+                    prompt_index=first // job.n,
                 ) from None
             except RequestError as err:
                 if err.prompt_index is None:
-                    err.prompt_index = start
+                    err.prompt_index = first // job.n
                 raise
             finally:
-                if not cancelled:  # answered (or failed): nothing of this chunk is left to abort
+                if not cancelled:  # answered (or failed): nothing of this request is left to abort
                     for rid in rids:
                         in_flight.pop(rid, None)
             if on_progress is not None:
-                done = job.results[start * job.n : stop * job.n]
-                on_progress((stop - start) * job.n, sum(_completion_tokens(e) for e in done))
+                on_progress(stop - first, sum(_completion_tokens(e) for e in job.results[first:stop]))
 
-    # 2) Send them, at most `max_in_flight` at a time; the first failure cancels the rest.
-    tasks = [asyncio.ensure_future(one_chunk(a, b)) for a, b in chunks]
+    # 2) Send them, at most `limit` at a time; the first failure cancels the rest.
+    tasks = [asyncio.ensure_future(one_request(a, b)) for a, b in spans]
     try:
         await asyncio.gather(*tasks)
     except BaseException:
@@ -127,6 +134,29 @@ async def run_generate(client: Client, job: GenerateJob, *,
         await asyncio.gather(*tasks, return_exceptions=True)
         await _abort(client, list(in_flight))
         raise
+
+
+def _prompts(job: GenerateJob, first: int, stop: int) -> str:
+    """The prompts of samples [first, stop), as an error message names them."""
+    a, b = first // job.n, (stop - 1) // job.n
+    return f"prompt {a}" if a == b else f"prompts {a}..{b}"
+
+
+def _seeded_copies(job: GenerateJob) -> bool:
+    return job.n > 1 and job.sampling.get("sampling_seed") is not None
+
+
+def _single_spans(job: GenerateJob) -> tuple[list[tuple[int, int]], int]:
+    """One request per prompt (its n samples together, so they share one worker's prefix cache),
+    and how many may be in flight: the prompts `max_in_flight` chunks would hold.
+
+    A seeded prompt with n > 1 goes as n requests, one sample each: a router takes one
+    sampling_params object per request, and one seed for n copies would draw n identical samples.
+    """
+    prompts_in_flight = max(1, job.max_in_flight * job.chunk_size)
+    if _seeded_copies(job):
+        return [(s, s + 1) for s in range(job.n_samples)], prompts_in_flight * job.n
+    return [(i * job.n, (i + 1) * job.n) for i in range(len(job.prompt_ids))], prompts_in_flight
 
 
 def _completion_tokens(entry: dict[str, Any] | None) -> int:
@@ -170,17 +200,35 @@ def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], l
     return payload, rids
 
 
-def _store(job: GenerateJob, start: int, entries: list[dict[str, Any]]) -> None:
-    first = start * job.n
-    expected = min(len(job.prompt_ids) - start, job.chunk_size) * job.n
-    if len(entries) != expected:
-        raise RequestError(f"the server answered {len(entries)} samples for {expected}", prompt_index=start)
-    job.results[first:first + len(entries)] = entries
+def _single_payload(job: GenerateJob, first: int, stop: int) -> tuple[dict[str, Any], list[str]]:
+    """The /generate body for samples [first, stop) of one prompt, in the shape a router takes:
+    one `rid` string, one `sampling_params` object, per-prompt fields as scalars; and the rids the
+    worker gives its samples (SGLang names a batch's items `<rid>_<i>`; a batch of one keeps the rid)."""
+    prompt = first // job.n
+    ids, count = job.prompt_ids[prompt], stop - first
+    rid = new_rid()
+    sampling = job.sampling
+    if _seeded_copies(job):  # one sample per request: sample j gets seed + j, as in a batched request
+        sampling = {**sampling, "sampling_seed": sampling["sampling_seed"] + first % job.n}
+    payload: dict[str, Any] = {"input_ids": ids if count == 1 else [ids] * count, "sampling_params": sampling,
+                               "rid": rid}
+    for name, values in job.per_prompt.items():
+        payload[name] = values[prompt]
+    if job.logprobs or job.top_logprobs:
+        payload["return_logprob"] = True
+        payload["top_logprobs_num"] = job.top_logprobs
+    return payload, [rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]
 
 
-async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, Any], start: int) -> None:
-    """Stream one chunk: SGLang interleaves the samples' chunks, tagged with `index` (cumulative)."""
-    first = start * job.n
+def _store(job: GenerateJob, first: int, stop: int, entries: list[dict[str, Any]]) -> None:
+    if len(entries) != stop - first:
+        raise RequestError(f"the server answered {len(entries)} samples for {stop - first}", prompt_index=first // job.n)
+    job.results[first:stop] = entries
+
+
+async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, Any], first: int, count: int) -> None:
+    """Stream one request (samples first..first+count-1): SGLang interleaves the samples' chunks,
+    tagged with `index` (cumulative)."""
     t_sent = time.perf_counter()
     last_seen: dict[int, float] = {}
     gaps: dict[int, list[float]] = {}
@@ -195,6 +243,9 @@ async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, An
         last_seen[index] = now
         if chunk["meta_info"].get("finish_reason") is not None:
             finals[index] = chunk
+    if len(finals) != count:  # a stream that ends early must not leave samples silently unanswered
+        raise RequestError(f"the stream ended with {len(finals)} of its {count} samples finished",
+                           prompt_index=first // job.n)
     for index, chunk in finals.items():
         chunk.pop("index", None)
         job.results[first + index] = chunk

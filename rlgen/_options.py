@@ -203,7 +203,8 @@ class GenerateOptions(StreamOptions, total=False):
                                    _flag)]
     chunk_size: Annotated[int | None, Option(
         None, "prompts per batched /generate request; None: enough requests (about 16) that progress advances "
-        "as they are answered, at most 256 prompts each", _optional_count(1, "automatic"))]
+        "as they are answered, at most 256 prompts each (behind a router every request is one prompt, and "
+        "chunk_size x max_in_flight prompts are in flight)", _optional_count(1, "automatic"))]
     max_in_flight: Annotated[int | None, Option(
         None, "requests (chunks) in flight at once; None: enough to fill the batch the server runs at once, plus one",
         _optional_count(1, "fill the server's batch"))]

@@ -15,6 +15,9 @@ BODY = b'{"ok": true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found"
 
+# A reply that ends with this is sent without it, and then the connection is closed.
+CLOSE = b"<close>"
+
 # Answers one HTTP request: the request's path -> the bytes to send back, or None to close the
 # connection without an answer. Called with the connection's number (1, 2, ...) too.
 Answer = Callable[[int, bytes], bytes | None]
@@ -50,8 +53,10 @@ async def _serving(answer: Answer) -> AsyncIterator[tuple[Client, list[tuple[int
             reply = answer(number, path)
             if reply is None:
                 break
-            writer.write(reply)
+            writer.write(reply.removesuffix(CLOSE))
             await writer.drain()
+            if reply.endswith(CLOSE):
+                break
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -109,3 +114,22 @@ def test_info_falls_back_to_the_pre_0_5_17_endpoint_names() -> None:
     info, seen = _run(main)  # type: ignore[misc]
     assert info == {"ok": True}
     assert [path for _, path in seen] == [b"/server_info", b"/get_server_info"]
+
+
+@pytest.mark.timeout(30)
+def test_a_stream_cut_off_midway_fails_with_a_request_error() -> None:
+    # As a router passes on a stream whose worker dies: chunked, one chunk, then the connection closes.
+    chunk = b'data: {"text": "a", "meta_info": {"finish_reason": null}}\n\n'
+    cut = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"%x\r\n%s\r\n" % (len(chunk), chunk) + CLOSE)
+
+    got: list[object] = []
+
+    async def main() -> None:
+        async with _serving(lambda connection, path: cut) as (client, _):
+            async for piece in client.generate_stream({"input_ids": [1]}):
+                got.append(piece)
+
+    with pytest.raises(RequestError, match="broke off before it finished"):
+        _run(main)
+    assert len(got) == 1  # the chunk before the cut came through

@@ -113,3 +113,58 @@ def test_max_in_flight_bounds_the_requests_sent_at_once(max_in_flight: int) -> N
     asyncio.run(run_generate(client, job))  # type: ignore[arg-type]
     assert client.most == max_in_flight  # 10 chunks: the bound is reached, never passed
     assert all(r is not None for r in job.results) and len(job.results) == 80
+
+
+class RouterStandIn(HangingClient):
+    """A client for a router: one prompt per request."""
+
+    one_prompt_per_request = True
+
+
+def test_behind_a_router_each_prompt_is_one_request_with_one_rid_and_scalar_fields() -> None:
+    client = RouterStandIn()
+    job = make_job(prompt_ids=[[1, 2], [3]], sampling={"max_new_tokens": 4}, n=2,
+                   per_prompt={"logprob_start_len": [1, 0]})
+    _start_then_cancel(client, job)
+    first, second = sorted(client.sent, key=lambda p: len(p["input_ids"][0]), reverse=True)
+    assert first["input_ids"] == [[1, 2], [1, 2]] and second["input_ids"] == [[3], [3]]
+    assert isinstance(first["rid"], str) and first["sampling_params"] == {"max_new_tokens": 4}
+    assert first["logprob_start_len"] == 1 and second["logprob_start_len"] == 0
+    # SGLang names a batch's items <rid>_<i>: those are what an abort must name
+    assert sorted(client.aborted or []) == sorted(f"{p['rid']}_{i}" for p in client.sent for i in range(2))
+
+
+def test_behind_a_router_one_sample_goes_with_its_rid_and_a_seeded_prompt_as_one_request_per_sample() -> None:
+    client = RouterStandIn()
+    job = make_job(prompt_ids=[[1, 2]], sampling={"max_new_tokens": 4, "sampling_seed": 7}, n=3)
+    _start_then_cancel(client, job)
+    assert [p["input_ids"] for p in client.sent] == [[1, 2]] * 3
+    assert [p["sampling_params"]["sampling_seed"] for p in client.sent] == [7, 8, 9]  # as batched: seed + j
+    assert sorted(client.aborted or []) == sorted(p["rid"] for p in client.sent)
+
+
+class SlowRouterStandIn:
+    """Answers each single-prompt request after a short wait; records requests in flight at most."""
+
+    one_prompt_per_request = True
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+
+    async def generate(self, payload: dict) -> Any:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        one = {"text": "", "output_ids": [], "meta_info": {"id": payload["rid"]}}
+        return one if isinstance(payload["input_ids"][0], int) else [one] * len(payload["input_ids"])
+
+
+def test_behind_a_router_as_many_prompts_are_in_flight_as_the_chunks_would_hold() -> None:
+    client = SlowRouterStandIn()
+    job = make_job(prompt_ids=[[i] for i in range(40)], sampling={"max_new_tokens": 1}, n=2,
+                   chunk_size=4, max_in_flight=3)
+    asyncio.run(run_generate(client, job))  # type: ignore[arg-type]
+    assert client.most == 12  # 3 chunks of 4 prompts: 12 one-prompt requests
+    assert all(r is not None for r in job.results) and len(job.results) == 80
