@@ -119,7 +119,9 @@ class Engine:
         request_timeout: seconds one HTTP request may take (None: no limit; Ctrl-C aborts).
         progress: show progress (the start-up line; a line per call that takes over a second, ending with
             its totals): True, False, None = auto.
-        host, port: where the server listens (loopback and a free port by default).
+        host, port: where the server listens (loopback and a free port by default). A host other
+            than loopback (e.g. "0.0.0.0") gets an API key when none is given: a generated one,
+            in `eng.api_key`, required by the server for every route but /health*.
         log_dir: directory for the server log (default under ~/.cache/rlgen/servers/).
         env: environment variables for the server process.
         api_key: require this key on the server (SGLang's `--api-key`; every route but /health*
@@ -213,6 +215,11 @@ class Engine:
                 return
             api_key = api_key or _keep_alive.new_api_key()  # each kept server requires its own key
             self._api_key = api_key
+        if api_key is None and not _is_loopback(host):
+            # A server others can reach must not serve anyone who asks: generate a key (SGLang's
+            # --api-key; /health* stays open), send it, and let the user read it to share it.
+            api_key = self._api_key = _keep_alive.new_api_key()
+            notes.append(f"listening on {host}: requests need the API key in eng.api_key")
         if api_key is not None:
             # One argument, so a key that starts with "-" is not read as a flag; kept out of logs
             # and registry records (`redacted`).
@@ -369,6 +376,11 @@ class Engine:
         """After close(): True once the server's GPU memory was seen freed, False if it was still
         held 30 s later, None where it cannot be measured (no GPU, or the driver hides processes)."""
         return self._gpu_memory_released
+
+    @property
+    def api_key(self) -> str | None:
+        """The key the server requires (given, generated for a non-loopback host or a kept server), or None."""
+        return self._api_key
 
     @property
     def log_path(self) -> str | None:
@@ -986,6 +998,18 @@ def _registry_kept_summary(pid: int) -> dict[str, Any] | None:
 
     state = read_kept(pid)
     return None if state is None else kept_summary(state, now=time.time())
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether only this machine can reach a server bound to `host` (a name is looked up)."""
+    import ipaddress
+    import socket
+
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+    except (OSError, ValueError):
+        return False
 
 
 def _reap_leftovers() -> None:

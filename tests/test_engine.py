@@ -7,6 +7,7 @@ checks that no server outlives its test.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -635,3 +636,22 @@ def test_a_server_with_an_api_key_refuses_requests_without_it_and_the_engine_sen
         other.close()
         assert "s3cret-key" not in Path(eng.log_path).read_text()
         assert all("s3cret-key" not in " ".join(r["argv"]) for r in rlgen.list_servers())
+
+
+@cpu_only
+@pytest.mark.timeout(120)
+def test_a_server_bound_beyond_loopback_gets_a_generated_api_key_and_refuses_requests_without_it(
+        model_path: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    with cpu_engine(model_path, host="0.0.0.0") as eng:
+        assert eng.api_key is not None and re.fullmatch(r"[0-9a-f]{48}", eng.api_key)
+        assert eng.generate("Hi", max_new_tokens=2, ignore_eos=True).df.completion_tokens.tolist() == [2]
+        body = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 1}}).encode()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(eng.url + "/generate", data=body), timeout=10)
+        assert refused.value.code == 401
+        assert eng.api_key not in Path(eng.log_path).read_text()
+    with cpu_engine(model_path) as local:  # loopback, the default: no key unless asked for
+        assert local.api_key is None
