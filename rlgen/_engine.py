@@ -133,6 +133,10 @@ class Engine:
             second instead of starting one. It holds its GPU memory while it waits. `close()`
             detaches, `close(stop=True)` stops it; `rlgen.list_servers()` shows kept servers.
             None (default): the server dies with this Engine or its kernel.
+        tp_size, dp_size: SGLang's tensor and data parallelism over this host's GPUs (`--tp-size`,
+            `--dp-size`): the model split over tp_size GPUs, dp_size copies of it behind SGLang's
+            own scheduler; tp_size x dp_size GPUs in all (CUDA_VISIBLE_DEVICES picks them). Not
+            yet proven on a GPU machine by rlgen's tests.
         cache: the completion cache for generate() (each call can override it with `cache=`).
             True: a greedy or seeded call whose prompt, sampling parameters, n, weights (their
             content hash) and weight version were seen before returns the stored samples without
@@ -171,6 +175,8 @@ class Engine:
         api_key: str | None = None,
         keep_alive: str | float | None = None,
         cache: bool | str = False,
+        tp_size: int = 1,
+        dp_size: int = 1,
     ) -> None:
         from ._progress import PhaseLine
         from ._server import launch_server
@@ -196,6 +202,8 @@ class Engine:
             enable_memory_saver=enable_memory_saver,
             enable_metrics=enable_metrics,
             server_args=server_args,
+            tp_size=tp_size,
+            dp_size=dp_size,
         )
         # 2) Load the tokenizer while the server starts (a kernel's first transformers import takes
         #    seconds). Stop servers left behind by dead kernels (their GPU memory is ours to reuse),

@@ -76,10 +76,21 @@ def server_argv(
     enable_memory_saver: bool,
     enable_metrics: bool,
     server_args: Mapping[str, Any] | Sequence[str] | None,
+    tp_size: int = 1,
+    dp_size: int = 1,
 ) -> list[str]:
-    """The server command: rlgen's defaults first, then RLGEN_SGLANG_ARGS, then the user's args."""
+    """The server command: rlgen's defaults first, then RLGEN_SGLANG_ARGS, then the user's args.
+
+    `tp_size` / `dp_size` are SGLang's tensor and data parallelism over this host's GPUs
+    (`--tp-size`, `--dp-size`); the CPU backend has one process and refuses more."""
+    for name, size in (("tp_size", tp_size), ("dp_size", dp_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {size!r}")
     user = _flags(server_args)
     if backend == "cpu":
+        if tp_size > 1 or dp_size > 1:
+            raise ValueError(f"tp_size={tp_size}, dp_size={dp_size}: the CPU backend runs one process on the CPU; "
+                             "tensor and data parallelism need SGLang on GPUs (backend='sglang')")
         argv = [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path]
         if enable_metrics:
             argv.append("--enable-metrics")
@@ -100,6 +111,9 @@ def server_argv(
         defaults.append("--enable-memory-saver")
     if enable_metrics:
         defaults.append("--enable-metrics")
+    for flag, size in (("--tp-size", tp_size), ("--dp-size", dp_size)):
+        if size > 1 and not _has_flag(user, flag):
+            defaults += [flag, str(size)]
     return argv + defaults + site + user
 
 

@@ -70,3 +70,24 @@ def test_backend_choice_checks_its_argument_and_names_the_extra() -> None:
         with pytest.raises(rlgen.EngineError, match=r"pip install 'rlgen\[sglang\]'"):
             choose_backend("sglang")
         assert choose_backend("auto") == "cpu"
+
+
+def test_tp_and_dp_sizes_become_sglangs_flags_and_a_users_own_flag_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLGEN_SGLANG_ARGS", raising=False)
+    assert "--tp-size" not in argv() and "--dp-size" not in argv()
+    args = argv(tp_size=2, dp_size=4)
+    assert args[args.index("--tp-size") + 1] == "2" and args[args.index("--dp-size") + 1] == "4"
+    own = argv(tp_size=2, server_args={"tp_size": 8})
+    assert own.count("--tp-size") == 1 and own[own.index("--tp-size") + 1] == "8"
+
+
+@pytest.mark.parametrize("sizes", [{"tp_size": 0}, {"dp_size": -1}, {"tp_size": 1.5}, {"dp_size": True}])
+def test_bad_tp_or_dp_sizes_are_refused(sizes: dict) -> None:
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        argv(**sizes)
+
+
+def test_the_cpu_backend_refuses_parallelism_and_says_what_needs_it() -> None:
+    assert argv("cpu", tp_size=1, dp_size=1)[2] == "rlgen.cpu_server"
+    with pytest.raises(ValueError, match="need SGLang on GPUs"):
+        argv("cpu", dp_size=2)
