@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
-
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-MARKER_VAR = "RLGEN_TEST_MARKER"
+from _processes import MARKER_VAR, REPO_ROOT, cmdline, wait_for_no_marked_processes
 
 
 def _has_gpu_sglang() -> bool:
@@ -67,35 +64,8 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv(MARKER_VAR, marker)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
     yield marker
-    leftovers = _wait_for_no_marked_processes(marker, timeout=5.0)
+    leftovers = wait_for_no_marked_processes(marker, timeout=5.0)
     for proc in leftovers:  # clean up before failing, so one failure does not poison the next test
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    assert not leftovers, f"processes left behind: {[(p.pid, _cmdline(p)) for p in leftovers]}"
-
-
-def _marked_processes(marker: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARKER_VAR) == marker:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def _wait_for_no_marked_processes(marker: str, timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (found := _marked_processes(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return found
-
-
-def _cmdline(proc: psutil.Process) -> str:
-    try:
-        return " ".join(proc.cmdline())
-    except psutil.Error:
-        return "?"
+    assert not leftovers, f"processes left behind: {[(p.pid, cmdline(p)) for p in leftovers]}"

@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from conftest import MARKER_VAR, REPO_ROOT, _wait_for_no_marked_processes
+from _processes import MARKER_VAR, REPO_ROOT, wait_for_no_marked_processes
 
 import rlgen
 
@@ -174,7 +174,7 @@ def fleet(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        left = _wait_for_no_marked_processes(marker, timeout=5.0)
+        left = wait_for_no_marked_processes(marker, timeout=5.0)
         for proc in left:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
