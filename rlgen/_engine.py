@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from . import _keep_alive, _loop, _options, _router, _server_info
+from . import _keep_alive, _loop, _options, _replicas, _router, _server_info
 from ._client import Client, parse_prometheus
 from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
@@ -144,10 +144,20 @@ class Engine:
             call draws anew). "always": unseeded sampling too (it replays the first draw). False
             (default): off. Entries live under ~/.cache/rlgen/completions; a corrupt or partial
             entry is ignored and removed, never returned.
+        replicas: start this many servers with the same options, and an sglang-router
+            (`pip install sglang-router`) in front of them, all owned by this Engine: generate()
+            and the control calls go as with `Engine.connect(router)` (docs/scale-out.md), and
+            `close()` stops the router, then the servers. 1 (default): one server, no router.
+            `port=` is the router's; the servers bind loopback on free ports. On SGLang the servers
+            start one after another (servers sharing a GPU each measure free memory), on the CPU
+            backend at once. Not with `keep_alive` or a non-loopback host (yet).
+        gpus: with replicas > 1: GPU indices to place the servers on, server i gets
+            `CUDA_VISIBLE_DEVICES=gpus[i % len(gpus)]` (one GPU each, so tp_size x dp_size must be 1).
     """
 
     _api_key: str | None        # sent as Authorization: Bearer <key>
     _kept: _keep_alive.Kept | None  # a kept server (keep_alive=): not owned by this Engine, shared
+    _replicas: _replicas.Replicas | None  # Engine(replicas=N): the router and the workers it owns
     reattached: bool            # True when this Engine reattached to a kept server
     # Where the constructor's time went: tokenizer_s (loaded in a background thread while the
     # server starts), server_s (launch until healthy, or finding and attaching a kept server),
@@ -177,12 +187,15 @@ class Engine:
         cache: bool | str = False,
         tp_size: int = 1,
         dp_size: int = 1,
+        replicas: int = 1,
+        gpus: Sequence[int] | None = None,
     ) -> None:
         from ._progress import PhaseLine
         from ._server import launch_server
 
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
+        worker_env = _check_replicas(replicas, gpus, keep_alive=keep_alive, host=host, tp_size=tp_size, dp_size=dp_size)
         keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self._server: ServerProcess | None = None
@@ -233,6 +246,12 @@ class Engine:
             # and registry records (`redacted`).
             argv.append(f"--api-key={api_key}")
         t_server = time.monotonic()
+        if replicas > 1:
+            self._launch_replicas(argv, replicas, worker_env, line=line, notes=notes, port=port, env=env,
+                                  log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key)
+            self.start_times["server_s"] = time.monotonic() - t_server
+            self._connect_owned(tokenizer, t0)
+            return
         try:
             server = launch_server(
                 argv, host=host, port=port, env=env, log_dir=log_dir,
@@ -264,6 +283,35 @@ class Engine:
             if self._kept is not None:
                 _keep_alive.stop(self._kept)
             server.close()
+            raise
+        self.start_times["total_s"] = time.monotonic() - t0
+
+    def _launch_replicas(self, argv: list[str], replicas: int, worker_env: list[dict[str, str]], *, line: Any,
+                         notes: list[str], port: int | None, env: Mapping[str, str] | None,
+                         log_dir: str | os.PathLike[str] | None, startup_timeout: float, api_key: str | None) -> None:
+        """`replicas` servers and a router in front (rlgen._replicas); this Engine talks to the router."""
+        try:
+            fleet = _replicas.launch_replicas(
+                argv, replicas, concurrent_start=self.backend == "cpu", port=port, env=env, worker_env=worker_env,
+                log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key, on_phase=line.update)
+        except BaseException:
+            self._state = EngineState.FAILED
+            line.close(ok=False)
+            raise
+        self._replicas = fleet
+        self._server = fleet.router
+        self._behind_router = True
+        self.url = fleet.router.url
+        line.close(ok=True, message="; ".join([f"ready: {replicas} servers behind an sglang-router", *notes]))
+
+    def _connect_owned(self, tokenizer: concurrent.futures.Future[Any], t0: float) -> None:
+        """Connect to the router of `replicas`; on failure stop everything."""
+        try:
+            self._connect(tokenizer=tokenizer.result())
+        except BaseException:
+            self._state = EngineState.FAILED
+            if self._replicas is not None:
+                self._replicas.close()
             raise
         self.start_times["total_s"] = time.monotonic() - t0
 
@@ -352,6 +400,7 @@ class Engine:
         self._weights_path: str | None = None  # where the served weights were last loaded from
         self._released: set[str] = set()      # memory tags released and not yet resumed
         self._behind_router = False           # connect() to an sglang-router: see rlgen._router
+        self._replicas = None
 
     def _connect(self, *, tokenizer: Any) -> None:
         client_type = _router.RouterClient if self._behind_router else Client
@@ -414,8 +463,12 @@ class Engine:
                 _keep_alive.stop(self._kept)
             else:
                 _keep_alive.detach(self._kept)
+        fleet = getattr(self, "_replicas", None)
         server = getattr(self, "_server", None)
-        if server is not None:
+        if fleet is not None:  # the router first, then the workers
+            fleet.close()
+            self._gpu_memory_released = fleet.wait_gpu_memory_released(timeout=30)
+        elif server is not None:
             server.close()
             self._gpu_memory_released = server.wait_gpu_memory_released(timeout=30)
 
@@ -450,7 +503,8 @@ class Engine:
         server, kept = self._server, self._kept
         # Where the server is: one this Engine owns, a kept one it shares, or none (connect()).
         pid, port, pids = (
-            (server.pid, server.port, server.pids()) if server is not None
+            (server.pid, server.port, self._replicas.pids() if self._replicas is not None else server.pids())
+            if server is not None
             else (kept.pid, kept.record.port, [kept.pid]) if kept is not None
             else (None, None, None)
         )
@@ -486,6 +540,13 @@ class Engine:
         except RequestError as err:
             info["error"] = str(err)
         info["workers"] = [w.as_dict() for w in client.workers]
+        if self._replicas is not None:  # ours: add pid and log path of the router and each worker
+            owned = self._replicas.describe()
+            info.update(owned["router"])
+            by_url = {w["url"]: w for w in owned["workers"]}
+            for w in info["workers"]:
+                w.update(by_url.get(w["url"], {}))
+            info["workers"] += [w for url, w in by_url.items() if url not in {x["url"] for x in info["workers"]}]
         return info
 
     def _command(self) -> list[str] | None:
@@ -991,6 +1052,29 @@ class Engine:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers for construction
+
+
+def _check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: object, host: str, tp_size: int,
+                    dp_size: int) -> list[dict[str, str]]:
+    """Check `replicas=` / `gpus=` before anything starts; the per-worker env overrides (gpus)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+    if gpus is not None and (isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence) or not gpus
+                             or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
+        raise ValueError(f"gpus must be a non-empty list of GPU indices, e.g. [0, 1], got {gpus!r}")
+    if replicas == 1:
+        if gpus is not None:
+            raise ValueError("gpus= places replicas (replicas > 1); for one server set CUDA_VISIBLE_DEVICES in env=")
+        return []
+    if keep_alive is not None:
+        raise ValueError("replicas > 1 cannot be combined with keep_alive yet: pass one of them")
+    if not _is_loopback(host):
+        raise ValueError("replicas > 1 listens on loopback only for now: the sglang-router does not check an API "
+                         "key on incoming requests")
+    if gpus is not None and tp_size * dp_size != 1:
+        raise ValueError("gpus= gives each replica one GPU, so tp_size and dp_size must be 1")
+    _replicas.check_router_installed()
+    return [{"CUDA_VISIBLE_DEVICES": str(gpus[i % len(gpus)])} if gpus is not None else {} for i in range(replicas)]
 
 
 def _duration(seconds: float) -> str:
