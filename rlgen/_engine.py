@@ -496,8 +496,15 @@ class Engine:
     # -- introspection ---------------------------------------------------------------------------
     @property
     def info(self) -> dict[str, Any]:
-        """Model, backend, versions, where the server is, its command line, and the GPU memory it holds."""
-        from ._process_tree import gpu_memory_mib
+        """Model, backend, versions, where the server is, its command line, and the GPU memory it holds.
+
+        GPU memory, three ways: `gpu_memory_mib` (the driver's count for every process of this
+        Engine's servers, all GPUs together), `gpu_memory_per_gpu` (the same per GPU, keyed by the
+        driver's GPU index) and `memory_usage` (SGLang's own account per data-parallel rank:
+        weights, KV cache, CUDA graphs in GB, as read when the Engine connected). The driver's
+        counts are None where it lists none of the processes (CPU machines, some containers).
+        """
+        from ._process_tree import gpu_memory_mib, gpu_memory_per_gpu
         from ._version import __version__
 
         server, kept = self._server, self._kept
@@ -523,6 +530,8 @@ class Engine:
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,
             "gpu_memory_mib": gpu_memory_mib(pids) if pids is not None else None,
+            "gpu_memory_per_gpu": gpu_memory_per_gpu(pids) if pids is not None else None,
+            "memory_usage": _server_info.memory_usage(self._server_info),
             "router": self._router_info(),
         }
         if kept is not None:

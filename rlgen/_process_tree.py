@@ -59,8 +59,10 @@ __all__ = [
     "ProcessTree",
     "ShutdownReport",
     "check_grace",
+    "gpu_memory_by_device",
     "gpu_memory_by_pid",
     "gpu_memory_mib",
+    "gpu_memory_per_gpu",
     "gpu_name",
     "is_exiting",
     "reap",
@@ -445,11 +447,34 @@ def gpu_memory_mib(pids: list[int]) -> int | None:
     return sum(mine) if mine else None
 
 
+def gpu_memory_per_gpu(pids: list[int]) -> dict[int, int] | None:
+    """GPU memory (MiB) these processes hold on each GPU, by the driver's GPU index (not the index
+    under CUDA_VISIBLE_DEVICES); None where the driver shows none of them."""
+    devices = gpu_memory_by_device() if pids else None
+    wanted = set(pids)
+    mine = {gpu: sum(mib for pid, mib in held.items() if pid in wanted)
+            for gpu, held in (devices or {}).items() if wanted & set(held)}
+    return mine or None
+
+
 def gpu_memory_by_pid() -> dict[int, int] | None:
-    """GPU memory (MiB) held per process, or None if that cannot be known here.
+    """GPU memory (MiB) held per process over all GPUs, or None if that cannot be known here."""
+    devices = gpu_memory_by_device()
+    if devices is None:
+        return None
+    held: dict[int, int] = {}
+    for per_pid in devices.values():
+        for pid, mib in per_pid.items():
+            held[pid] = held.get(pid, 0) + mib
+    return held
+
+
+def gpu_memory_by_device() -> dict[int, dict[int, int]] | None:
+    """GPU memory (MiB) held per process on each GPU ({driver GPU index: {pid: MiB}}), or None if
+    that cannot be known here.
 
     Uses pynvml if importable, else `nvidia-smi`. In a container the driver may list no processes
-    at all; callers then see an empty dict.
+    at all (callers then see no pids), or list them with no memory figure (0 MiB here).
     """
     try:
         import pynvml
@@ -459,46 +484,45 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
         try:
             pynvml.nvmlInit()
             try:
-                held: dict[int, int] = {}
+                devices: dict[int, dict[int, int]] = {}
                 for i in range(pynvml.nvmlDeviceGetCount()):
                     handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    held = devices.setdefault(i, {})
                     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                         held[p.pid] = held.get(p.pid, 0) + (p.usedGpuMemory or 0) // (1 << 20)
-                return held
+                return devices
             finally:
                 pynvml.nvmlShutdown()
         except Exception:
             pass
+    gpus = _nvidia_smi("--query-gpu=index,uuid")
+    apps = _nvidia_smi("--query-compute-apps=gpu_uuid,pid,used_memory")
+    if gpus is None or apps is None:
+        return None
+    index = {row[1]: int(row[0]) for row in gpus if len(row) == 2 and row[0].isdigit()}
+    devices = {i: {} for i in index.values()}
+    for row in apps:  # an app on a GPU the first query did not list goes under -1
+        if len(row) == 3 and row[1].isdigit():
+            held = devices.setdefault(index.get(row[0], -1), {})
+            held[int(row[1])] = held.get(int(row[1]), 0) + (int(row[2]) if row[2].isdigit() else 0)
+    return devices
+
+
+def _nvidia_smi(query: str) -> list[list[str]] | None:
+    """`nvidia-smi <query> --format=csv,noheader,nounits` as rows of stripped fields; None where it
+    is missing or fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        out = subprocess.run(
-            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
+        out = subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    held = {}
-    for line in out.splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            held[int(parts[0])] = held.get(int(parts[0]), 0) + (int(parts[1]) if parts[1].isdigit() else 0)
-    return held
+    return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
 def gpu_name() -> str | None:
     """The first GPU's name as `nvidia-smi` gives it, or None where there is none to ask."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    names = [line.strip() for line in out.splitlines() if line.strip()]
-    return names[0] if names else None
+    rows = _nvidia_smi("--query-gpu=name")
+    return ", ".join(rows[0]) if rows else None

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["context_length", "honours_seed", "running_capacity"]
+__all__ = ["context_length", "honours_seed", "memory_usage", "running_capacity"]
 
 
 def running_capacity(server_info: dict[str, Any]) -> int | None:
@@ -27,6 +27,18 @@ def running_capacity(server_info: dict[str, Any]) -> int | None:
             return None
         total += count
     return total or None
+
+
+def memory_usage(server_info: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """SGLang's own account of the GPU memory it took, one entry per data-parallel rank (behind a
+    router: per rank of every worker): weights, KV cache and CUDA graphs in GB and the KV cache's
+    token capacity, as its /server_info's internal_states say at the time it was read; None where
+    the server does not say (the CPU backend, older SGLang)."""
+    states = server_info.get("internal_states")
+    usage = [s.get("memory_usage") for s in states if isinstance(s, dict)] if isinstance(states, list) else []
+    if not usage or not all(isinstance(u, dict) for u in usage):
+        return None
+    return [dict(u) for u in usage if isinstance(u, dict)]
 
 
 def context_length(server_info: dict[str, Any], tokenizer: Any, model_path: str) -> int | None:

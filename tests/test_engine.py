@@ -196,6 +196,10 @@ def test_info_repr_and_html_show_the_state(engine) -> None:
     info = engine.info
     assert info["backend"] == BACKEND and info["state"] == "ready" and info["model"] == rlgen.DEFAULT_MODEL
     assert info["context_length"] == 8192 and info["server_version"]
+    if BACKEND == "cpu":  # no GPU: no driver count, and the CPU backend keeps no SGLang memory account
+        assert info["gpu_memory_per_gpu"] is None and info["memory_usage"] is None
+    else:  # SGLang's account: one data-parallel rank holding the weights and a KV cache
+        assert len(info["memory_usage"]) == 1 and info["memory_usage"][0]["weight"] > 0
     assert "state=ready" in repr(engine) and f"pid={info['pid']}" in repr(engine)
     html = engine._repr_html_()
     assert "ready" in html and str(info["port"]) in html

@@ -432,19 +432,40 @@ def test_sigkilling_the_owner_kills_the_server_and_reap_sweeps_what_is_left(mode
     assert _registry.read_records() == []
 
 
-def test_gpu_memory_per_process_is_read_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_memory_per_process_and_per_gpu_is_read_from_nvidia_smi(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     if importlib.util.find_spec("pynvml") is not None:
         pytest.skip("pynvml is installed: it is asked before nvidia-smi")
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nprintf '101, 300\\n202, [N/A]\\n101, 20\\n'\n")
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  --query-gpu=index,uuid) printf '0, GPU-aaa\\n1, GPU-bbb\\n' ;;\n"
+        "  --query-gpu=name) printf 'NVIDIA H200\\nNVIDIA H200\\n' ;;\n"
+        "  --query-compute-apps=gpu_uuid,pid,used_memory)\n"
+        "    printf 'GPU-aaa, 101, 300\\nGPU-bbb, 202, [N/A]\\nGPU-aaa, 101, 20\\nGPU-bbb, 101, 7\\n' ;;\n"
+        "  *) exit 2 ;;\n"
+        "esac\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    from rlgen._process_tree import _gpu_pids, gpu_memory_by_pid, gpu_memory_mib
+    from rlgen._process_tree import (
+        _gpu_pids,
+        gpu_memory_by_device,
+        gpu_memory_by_pid,
+        gpu_memory_mib,
+        gpu_memory_per_gpu,
+        gpu_name,
+    )
 
-    assert gpu_memory_by_pid() == {101: 320, 202: 0}
+    assert gpu_memory_by_device() == {0: {101: 320}, 1: {202: 0, 101: 7}}
+    assert gpu_memory_by_pid() == {101: 327, 202: 0}
     assert _gpu_pids() == {101, 202}
-    assert gpu_memory_mib([101, 999]) == 320
+    assert gpu_memory_mib([101, 999]) == 327
     assert gpu_memory_mib([999]) is None  # the driver shows none of them: cannot tell
+    assert gpu_memory_per_gpu([101, 202]) == {0: 320, 1: 7}
+    assert gpu_memory_per_gpu([202]) == {1: 0}  # listed without a figure: on that GPU, amount unknown (0)
+    assert gpu_memory_per_gpu([999]) is None
+    assert gpu_name() == "NVIDIA H200"
 
 
 def test_old_default_log_directories_are_pruned_but_a_running_servers_is_kept(isolated: str) -> None:

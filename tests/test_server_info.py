@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlgen._server_info import context_length, honours_seed, running_capacity
+from rlgen._server_info import context_length, honours_seed, memory_usage, running_capacity
 
 
 @pytest.mark.parametrize(("info", "capacity"), [
@@ -28,3 +28,11 @@ def test_seeds_are_honoured_on_the_cpu_backend_and_in_sglangs_deterministic_mode
     assert honours_seed({"rlgen_backend": "cpu"})
     assert honours_seed({"enable_deterministic_inference": True})
     assert not honours_seed({})
+
+
+def test_sglangs_own_memory_account_is_read_per_data_parallel_rank() -> None:
+    rank = {"weight": 0.26, "kvcache": 27.5, "graph": {"decode": 0.4}, "token_capacity": 1281000}
+    assert memory_usage({"internal_states": [{"memory_usage": rank}, {"memory_usage": rank}]}) == [rank, rank]
+    assert memory_usage({"internal_states": [{"memory_usage": rank}, {"num_running_reqs": 0}]}) is None  # partial
+    assert memory_usage({"internal_states": [{"num_running_reqs": 0}]}) is None  # the CPU backend
+    assert memory_usage({}) is None
