@@ -57,6 +57,7 @@ class Replicas:
 
     router: ServerProcess
     workers: list[ServerProcess]
+    metrics_port: int | None = None  # the router's Prometheus /metrics (loopback)
 
     def close(self) -> ShutdownReport:
         """Stop the router (no new requests reach the workers), then the workers. Idempotent."""
@@ -78,7 +79,8 @@ class Replicas:
     def describe(self) -> dict[str, Any]:
         """pid, url and log path of the router and of each worker."""
         return {
-            "router": {"pid": self.router.pid, "url": self.router.url, "log_path": str(self.router.log_path)},
+            "router": {"pid": self.router.pid, "url": self.router.url, "log_path": str(self.router.log_path),
+                       "prometheus_port": self.metrics_port},
             "workers": [{"pid": w.pid, "url": w.url, "log_path": str(w.log_path)} for w in self.workers],
         }
 
@@ -126,11 +128,12 @@ def launch_replicas(
         else:
             for i in range(replicas):
                 workers.append(start_worker(i))
+        metrics_port = _free_port("127.0.0.1")
         router_argv = [sys.executable, "-m", "sglang_router.launch_router",
                        "--worker-urls", *(w.url for w in workers),
                        "--policy", ROUTER_POLICY, "--disable-circuit-breaker",
                        "--worker-startup-check-interval", "1",
-                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port("127.0.0.1"))]
+                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
         if api_key is not None:
             router_argv.append(f"--api-key={api_key}")
         try:
@@ -139,7 +142,7 @@ def launch_replicas(
         except ServerStartupError as err:
             raise _named(err, "the sglang-router") from err
         _wait_workers_listed(router, [w.url for w in workers], api_key=api_key)
-        return Replicas(router=router, workers=workers)
+        return Replicas(router=router, workers=workers, metrics_port=metrics_port)
     except BaseException:
         if router is not None:
             router.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
-from test_router import _perturbed_norms
+from _checkpoints import perturbed_norms
 
 import rlgen
 
@@ -59,7 +59,7 @@ def test_replicas_start_generate_update_weights_and_close(isolated: str, model_p
         assert len(res.df) == 8 and res.df.completion.tolist() == [t for t in direct for _ in range(2)]
 
         # A weight update reaches both workers (each asked directly).
-        changed = _perturbed_norms(model_path, tmp_path / "perturbed")
+        changed = perturbed_norms(model_path, tmp_path / "perturbed")
         eng.update_weights_from_disk(changed, weight_version="perturbed-1")
         after = [_greedy_texts(w["url"]) for w in workers]
         assert after[0] == after[1] and sum(a != b for a, b in zip(after[0], direct)) >= 3

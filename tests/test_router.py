@@ -20,7 +20,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from _checkpoints import perturbed_norms
 from _processes import MARKER_VAR, REPO_ROOT, wait_for_no_marked_processes
 
 import rlgen
@@ -89,24 +89,6 @@ def _wait(what: str, ready: Any, timeout: float, procs: list[subprocess.Popen[by
                 return
         time.sleep(0.2)
     raise TimeoutError(f"{what} not ready in {timeout} s")
-
-
-def _perturbed_norms(model_path: str, out: Path) -> Path:
-    """The checkout with noise on its norm weights: a changed model in a second (test_weight_versions'
-    perturbed_checkpoint noises every matrix, which takes ~15 s here)."""
-    from safetensors.torch import load_file, save_file
-
-    out.mkdir()
-    for f in Path(model_path).iterdir():
-        if f.is_file() and f.name != "model.safetensors" and not f.name.startswith("."):
-            shutil.copy(f, out / f.name)
-    tensors = load_file(Path(model_path) / "model.safetensors")
-    gen = torch.Generator().manual_seed(0)
-    for name, t in tensors.items():
-        if t.ndim == 1 and "norm" in name:
-            tensors[name] = t * (1 + 0.3 * torch.randn(t.shape, generator=gen)).to(t.dtype)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    return out
 
 
 @dataclasses.dataclass
@@ -245,7 +227,7 @@ def test_stream_and_streamed_generate_through_the_router(eng: rlgen.Engine, flee
 def test_update_weights_reaches_every_worker_and_the_original_restores_them(
         eng: rlgen.Engine, fleet: Fleet, model_path: str, tmp_path: Path) -> None:
     before = _greedy_texts(fleet.workers[0])  # the workers serve the same weights (the test above)
-    changed = _perturbed_norms(model_path, tmp_path / "perturbed")
+    changed = perturbed_norms(model_path, tmp_path / "perturbed")
     assert eng.update_weights_from_disk(changed, weight_version="perturbed-1") == "perturbed-1"
     after = []
     for worker in fleet.workers:  # each worker itself, not through the router

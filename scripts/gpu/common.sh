@@ -5,9 +5,13 @@ export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 # Extra wheels the image lacks (pytest-timeout; cloudpickle, math-verify and reasoning-gym with
 # their dependencies, for the reward notebooks and tests) travel in .whl, fetched here by
 # scripts/gpu/wheels.sh; later calls on the same machine find them installed.
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rlgen-extra .whl/*.whl
-fi
+# sglang-router's wheel (30 MB) is in .whl-router: too big to travel with the bundle's last chunk,
+# it goes with a later call.
+for dir in .whl .whl-router; do
+  if [ -d "$dir" ] && ls "$dir"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rlgen-extra "$dir"/*.whl
+  fi
+done
 if [ -d /tmp/rlgen-extra ]; then
   export PYTHONPATH="/tmp/rlgen-extra:$PYTHONPATH" PATH="/tmp/rlgen-extra/bin:$PATH"
 fi

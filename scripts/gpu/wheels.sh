@@ -21,4 +21,8 @@ for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python; do
 done
 [ -n "$PY312" ] || { echo "no CPython 3.12 here to build pycosat for the GPU machine" >&2; exit 1; }
 "$PY312" -m pip wheel -q --no-deps -w .whl pycosat==0.6.6
-ls .whl
+# sglang-router (abi3 wheel, 30 MB) in a directory of its own: a call carries it apart from the bundle.
+grep -q '^/.whl-router/' .git/info/exclude 2>/dev/null || echo '/.whl-router/' >> "$(git rev-parse --git-common-dir)/info/exclude"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
+  -d .whl-router sglang-router==0.3.2
+ls .whl .whl-router
