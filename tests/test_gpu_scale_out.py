@@ -66,24 +66,40 @@ def _through_engine(eng: rlgen.Engine) -> list[str]:
     return [str(t) for t in res.df.completion.tolist()]
 
 
+def _differ(a: list[str], b: list[str]) -> int:
+    return sum(x != y for x, y in zip(a, b))
+
+
 def _exercise(eng: rlgen.Engine, model_path: str, tmp_path: Path, servers: list[str]) -> list[int]:
-    """Generate, load changed weights (outputs change on every server in `servers`, asked directly,
-    and through the Engine), pause and resume (outputs stay); return every pid to check after close."""
+    """Generate, load changed weights, pause and resume; return every pid to check after close.
+
+    Changed weights must change the greedy outputs through the Engine and on every server in
+    `servers` (asked directly, each compared with its own answer to the same batch before); the
+    servers must then agree with each other, and `paused()` must leave each one answering exactly
+    as before it. Outputs are compared only between requests of the same shape: on a GPU, bf16
+    results depend on the batch a request shares, and the noised model's greedy choices are close
+    calls (seen: the Engine's one-prompt-per-request answers through the router and a worker's
+    batched answer split on 1 of 16 prompts, both from the new weights)."""
     before = _through_engine(eng)
-    for url in servers:
-        assert _greedy_texts(url) == before, f"{url} answers differently from the Engine before any change"
+    direct_before = [_greedy_texts(url) for url in servers]
     changed = perturbed_norms(model_path, tmp_path / "perturbed")
     eng.update_weights_from_disk(str(changed), weight_version="perturbed")
     after = _through_engine(eng)
-    print(f"changed by the new weights: {sum(a != b for a, b in zip(after, before))} of {len(PROMPTS)}")
-    assert sum(a != b for a, b in zip(after, before)) >= len(PROMPTS) // 2
-    for url in servers:
-        assert _greedy_texts(url) == after, f"{url} still serves the old weights"
+    print(f"changed by the new weights, through the Engine: {_differ(after, before)} of {len(PROMPTS)}")
+    assert _differ(after, before) >= len(PROMPTS) // 2
+    direct_after = [_greedy_texts(url) for url in servers]
+    for url, old, new in zip(servers, direct_before, direct_after):
+        print(f"changed by the new weights on {url}: {_differ(new, old)} of {len(PROMPTS)}")
+        assert _differ(new, old) >= len(PROMPTS) // 2, f"{url} still serves the old weights"
+        assert new == direct_after[0], f"{url} and {servers[0]} serve different weights"
     with eng.paused():
         pass
-    assert _through_engine(eng) == after
-    for url in servers:
-        assert _greedy_texts(url) == after, f"{url} lost its weights across paused()"
+    for url, expected in zip(servers, direct_after):
+        assert _greedy_texts(url) == expected, f"{url} answers differently after paused()"
+    resumed = _through_engine(eng)
+    print(f"through the Engine after paused(): {_differ(resumed, after)} of {len(PROMPTS)} differ")
+    if not servers:  # one server (tp/dp): the same requests as before the pause, exactly the same answers
+        assert resumed == after
     info = eng.info
     print(f"gpu_memory_per_gpu {info['gpu_memory_per_gpu']}; memory_usage {info['memory_usage']}")
     router = info["router"]
