@@ -53,12 +53,22 @@ def _free_mib(gpus: list[int]) -> dict[int, int]:
     return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
-def _greedy_texts(url: str) -> list[str]:
-    """What one server generates for PROMPTS when asked directly (one batched request)."""
-    body = json.dumps({"text": PROMPTS, "sampling_params": GREEDY}).encode()
+def _logprobs(url: str) -> list[float]:
+    """The logprob of every token of fixed texts (PROMPTS, each with an answer) under the weights
+    `url` holds, asked directly in one batched request: a reading of the weights that does not
+    hinge on greedy near-ties."""
+    texts = [f"{p} It is a small number with a long history." for p in PROMPTS]
+    body = json.dumps({"text": texts, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                       "return_logprob": True, "logprob_start_len": 0}).encode()
     req = urllib.request.Request(f"{url}/generate", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
-        return [e["text"] for e in json.loads(resp.read())]
+        entries = json.loads(resp.read())
+    return [float(t[0]) for e in entries for t in e["meta_info"]["input_token_logprobs"] if t[0] is not None]
+
+
+def _mean_abs(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
 
 
 def _through_engine(eng: rlgen.Engine) -> list[str]:
@@ -70,36 +80,41 @@ def _differ(a: list[str], b: list[str]) -> int:
     return sum(x != y for x, y in zip(a, b))
 
 
+SAME_WEIGHTS = 0.05      # mean |logprob difference| per token below this: the same weights (bf16 noise)
+CHANGED_WEIGHTS = 0.5    # above this: other weights (the noised norms move it by whole nats)
+
+
 def _exercise(eng: rlgen.Engine, model_path: str, tmp_path: Path, servers: list[str]) -> list[int]:
     """Generate, load changed weights, pause and resume; return every pid to check after close.
 
-    Changed weights must change the greedy outputs through the Engine and on every server in
-    `servers` (asked directly, each compared with its own answer to the same batch before); the
-    servers must then agree with each other, and `paused()` must leave each one answering exactly
-    as before it. Outputs are compared only between requests of the same shape: on a GPU, bf16
-    results depend on the batch a request shares, and the noised model's greedy choices are close
-    calls (seen: the Engine's one-prompt-per-request answers through the router and a worker's
-    batched answer split on 1 of 16 prompts, both from the new weights)."""
+    Each server in `servers` (the workers; or the one URL of a tp/dp server) is read directly: the
+    logprobs of fixed texts. Changed weights must move them on every server by more than
+    CHANGED_WEIGHTS per token; afterwards the servers must agree with each other, and `paused()`
+    must leave each one where it was, within SAME_WEIGHTS. Greedy texts are not compared exactly
+    across servers or calls: SGLang is not deterministic by default (bf16 results depend on the
+    batch), and the noised model's greedy choices are near ties (seen on the H200: two workers
+    with the same weights, asked the same batch, split on 1 of 16 greedy texts)."""
     before = _through_engine(eng)
-    direct_before = [_greedy_texts(url) for url in servers]
+    old = [_logprobs(url) for url in servers]
     changed = perturbed_norms(model_path, tmp_path / "perturbed")
     eng.update_weights_from_disk(str(changed), weight_version="perturbed")
     after = _through_engine(eng)
-    print(f"changed by the new weights, through the Engine: {_differ(after, before)} of {len(PROMPTS)}")
+    print(f"greedy texts changed by the new weights, through the Engine: {_differ(after, before)} of {len(PROMPTS)}")
     assert _differ(after, before) >= len(PROMPTS) // 2
-    direct_after = [_greedy_texts(url) for url in servers]
-    for url, old, new in zip(servers, direct_before, direct_after):
-        print(f"changed by the new weights on {url}: {_differ(new, old)} of {len(PROMPTS)}")
-        assert _differ(new, old) >= len(PROMPTS) // 2, f"{url} still serves the old weights"
-        assert new == direct_after[0], f"{url} and {servers[0]} serve different weights"
+    new = [_logprobs(url) for url in servers]
+    for url, o, n in zip(servers, old, new):
+        moved, apart = _mean_abs(n, o), _mean_abs(n, new[0])
+        print(f"{url}: new vs old weights {moved:.3f} nats/token; vs {servers[0]} {apart:.4f}")
+        assert moved > CHANGED_WEIGHTS, f"{url} still serves the old weights"
+        assert apart < SAME_WEIGHTS, f"{url} and {servers[0]} serve different weights"
     with eng.paused():
         pass
-    for url, expected in zip(servers, direct_after):
-        assert _greedy_texts(url) == expected, f"{url} answers differently after paused()"
+    for url, n in zip(servers, new):
+        shift = _mean_abs(_logprobs(url), n)
+        print(f"{url}: after paused() vs before {shift:.4f} nats/token")
+        assert shift < SAME_WEIGHTS, f"{url} answers differently after paused()"
     resumed = _through_engine(eng)
-    print(f"through the Engine after paused(): {_differ(resumed, after)} of {len(PROMPTS)} differ")
-    if not servers:  # one server (tp/dp): the same requests as before the pause, exactly the same answers
-        assert resumed == after
+    print(f"greedy texts through the Engine after paused(): {_differ(resumed, after)} of {len(PROMPTS)} differ")
     info = eng.info
     print(f"gpu_memory_per_gpu {info['gpu_memory_per_gpu']}; memory_usage {info['memory_usage']}")
     router = info["router"]
@@ -155,7 +170,7 @@ def test_tensor_and_data_parallel_on_two_gpus(isolated: str, model_path: str, tm
         assert info["memory_usage"] is not None and len(info["memory_usage"]) == ranks
         if info["gpu_memory_per_gpu"] is not None:
             assert set(info["gpu_memory_per_gpu"]) == set(gpus)
-        pids = _exercise(eng, model_path, tmp_path, [])  # the ranks share one URL: through the Engine
+        pids = _exercise(eng, model_path, tmp_path, [eng.url])  # the ranks share one URL
     finally:
         eng.close()
     _assert_closed(eng, pids, gpus, free_before)
