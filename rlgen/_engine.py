@@ -148,9 +148,10 @@ class Engine:
             (`pip install sglang-router`) in front of them, all owned by this Engine: generate()
             and the control calls go as with `Engine.connect(router)` (docs/scale-out.md), and
             `close()` stops the router, then the servers. 1 (default): one server, no router.
-            `port=` is the router's; the servers bind loopback on free ports. On SGLang the servers
-            start one after another (servers sharing a GPU each measure free memory), on the CPU
-            backend at once. Not with `keep_alive` or a non-loopback host (yet).
+            `host=` and `port=` are the router's (beyond loopback it gets the API key, as one
+            server would); the servers bind loopback on free ports. On SGLang the servers start
+            one after another (servers sharing a GPU each measure free memory), on the CPU backend
+            at once. Not with `keep_alive` (yet).
         gpus: with replicas > 1: GPU indices to place the servers on, server i gets
             `CUDA_VISIBLE_DEVICES=gpus[i % len(gpus)]` (one GPU each, so tp_size x dp_size must be 1).
     """
@@ -247,7 +248,7 @@ class Engine:
             argv.append(f"--api-key={api_key}")
         t_server = time.monotonic()
         if replicas > 1:
-            self._launch_replicas(argv, replicas, worker_env, line=line, notes=notes, port=port, env=env,
+            self._launch_replicas(argv, replicas, worker_env, line=line, notes=notes, host=host, port=port, env=env,
                                   log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key)
             self.start_times["server_s"] = time.monotonic() - t_server
             self._connect_owned(tokenizer, t0)
@@ -287,12 +288,13 @@ class Engine:
         self.start_times["total_s"] = time.monotonic() - t0
 
     def _launch_replicas(self, argv: list[str], replicas: int, worker_env: list[dict[str, str]], *, line: Any,
-                         notes: list[str], port: int | None, env: Mapping[str, str] | None,
+                         notes: list[str], host: str, port: int | None, env: Mapping[str, str] | None,
                          log_dir: str | os.PathLike[str] | None, startup_timeout: float, api_key: str | None) -> None:
         """`replicas` servers and a router in front (rlgen._replicas); this Engine talks to the router."""
         try:
             fleet = _replicas.launch_replicas(
-                argv, replicas, concurrent_start=self.backend == "cpu", port=port, env=env, worker_env=worker_env,
+                argv, replicas, concurrent_start=self.backend == "cpu", host=host, port=port, env=env,
+                worker_env=worker_env,
                 log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key, on_phase=line.update)
         except BaseException:
             self._state = EngineState.FAILED
@@ -1077,9 +1079,6 @@ def _check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: ob
         return []
     if keep_alive is not None:
         raise ValueError("replicas > 1 cannot be combined with keep_alive yet: pass one of them")
-    if not _is_loopback(host):
-        raise ValueError("replicas > 1 listens on loopback only for now: the sglang-router does not check an API "
-                         "key on incoming requests")
     if gpus is not None and tp_size * dp_size != 1:
         raise ValueError("gpus= gives each replica one GPU, so tp_size and dp_size must be 1")
     _replicas.check_router_installed()

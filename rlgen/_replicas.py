@@ -15,7 +15,10 @@ How:
   ahead, so a batch of rollouts would not spread; the n samples of one prompt go in one request
   anyway (one worker, one prefix cache). No circuit breaker: after a few 5xx (e.g. memory
   released) it would block a worker for 60 s. An API key goes to every worker (`--api-key`) and
-  to the router (its `--api-key` is the key it sends to the workers).
+  to the router (its `--api-key` is the key it sends to the workers, and the one it requires on
+  /generate, /workers, /flush_cache; /health, /get_server_info and /v1/models stay open).
+- Only the router binds the Engine's `host`; the workers always bind loopback, so beyond this
+  machine the router (with the key) is the one way in.
 
 Knows nothing about /generate payloads, tokenizers or results.
 """
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import _server_log
 from ._errors import EngineError, ServerStartupError
@@ -90,6 +94,7 @@ def launch_replicas(
     replicas: int,
     *,
     concurrent_start: bool,
+    host: str = "127.0.0.1",
     port: int | None,
     env: Mapping[str, str | None] | None,
     worker_env: Sequence[Mapping[str, str]] = (),
@@ -98,7 +103,7 @@ def launch_replicas(
     api_key: str | None,
     on_phase: Callable[[str, float], None] | None = None,
 ) -> Replicas:
-    """Start `replicas` workers with `argv`, then the router on `port`; return once the router lists
+    """Start `replicas` workers with `argv` on loopback, then the router on `host`:`port`; return once the router lists
     every worker healthy. On any failure (or Ctrl-C) stop everything started, then raise a
     ServerStartupError that names the process that failed (its log tail attached)."""
     workers: list[ServerProcess] = []
@@ -137,7 +142,7 @@ def launch_replicas(
         if api_key is not None:
             router_argv.append(f"--api-key={api_key}")
         try:
-            router = launch_server(router_argv, port=port, env=env, log_dir=_sub_dir(log_dir, "router"),
+            router = launch_server(router_argv, host=host, port=port, env=env, log_dir=_sub_dir(log_dir, "router"),
                                    startup_timeout=min(startup_timeout, 120.0), health_path="/health")
         except ServerStartupError as err:
             raise _named(err, "the sglang-router") from err
@@ -175,7 +180,8 @@ def _wait_workers_listed(router: ServerProcess, urls: list[str], *, api_key: str
                 f"the sglang-router {_server_log.describe_exit(code)} while registering its workers",
                 code, router.log_path)
         with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-            conn = http.client.HTTPConnection("127.0.0.1", int(router.port or 0), timeout=5)
+            conn = http.client.HTTPConnection(urlsplit(router.url).hostname or "127.0.0.1", int(router.port or 0),
+                                              timeout=5)
             try:
                 conn.request("GET", "/workers", headers=headers)
                 response = conn.getresponse()

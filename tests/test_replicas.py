@@ -24,14 +24,11 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "List 
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
 
 
-KEY = "test-key-1234"
-
-
-def _greedy_texts(worker: str) -> list[str]:
+def _greedy_texts(worker: str, key: str) -> list[str]:
     """What one worker generates for PROMPTS when asked directly (one batched request)."""
     body = json.dumps({"text": PROMPTS, "sampling_params": GREEDY}).encode()
     req = urllib.request.Request(f"{worker}/generate", data=body,
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return [e["text"] for e in json.loads(resp.read())]
 
@@ -39,29 +36,34 @@ def _greedy_texts(worker: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_replicas_start_generate_update_weights_and_close(isolated: str, model_path: str, tmp_path: Path) -> None:
-    # With an API key: the workers require it, the router sends it to them (its --api-key).
-    eng = rlgen.Engine(model_path, backend="cpu", replicas=2, progress=False, api_key=KEY)
+    # The router binds every address: the Engine generates an API key, the workers require it
+    # (and bind loopback only), the router requires it and sends it to them (its --api-key).
+    eng = rlgen.Engine(model_path, backend="cpu", replicas=2, progress=False, host="0.0.0.0")
     try:
+        key = eng.api_key
+        assert key
         router = eng.info["router"]
         workers = router["workers"]
         assert router["url"] == eng.url and router["pid"] and Path(router["log_path"]).is_file()
         assert len(workers) == 2 and all(w["healthy"] for w in workers)
-        assert all(w["pid"] and Path(w["log_path"]).is_file() for w in workers)
+        assert all(w["pid"] and Path(w["log_path"]).is_file() and w["url"].startswith("http://127.0.0.1:")
+                   for w in workers)
         assert len({w["url"] for w in workers} | {eng.url}) == 3
-        with pytest.raises(urllib.error.HTTPError, match="401"):  # a worker refuses a request without the key
-            urllib.request.urlopen(urllib.request.Request(f"{workers[0]['url']}/generate", data=b"{}"), timeout=10)
+        for url in (workers[0]["url"], eng.url):  # a worker and the router refuse a request without the key
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                urllib.request.urlopen(urllib.request.Request(f"{url}/generate", data=b"{}"), timeout=10)
         pids: list[Any] = [router["pid"], *(w["pid"] for w in workers)]
 
         # Greedy, n=2, through the router: the same text as a worker asked directly.
-        direct = _greedy_texts(workers[0]["url"])
-        assert _greedy_texts(workers[1]["url"]) == direct
+        direct = _greedy_texts(workers[0]["url"], key)
+        assert _greedy_texts(workers[1]["url"], key) == direct
         res = eng.generate(PROMPTS, n=2, **GREEDY)
         assert len(res.df) == 8 and res.df.completion.tolist() == [t for t in direct for _ in range(2)]
 
         # A weight update reaches both workers (each asked directly).
         changed = perturbed_norms(model_path, tmp_path / "perturbed")
         eng.update_weights_from_disk(changed, weight_version="perturbed-1")
-        after = [_greedy_texts(w["url"]) for w in workers]
+        after = [_greedy_texts(w["url"], key) for w in workers]
         assert after[0] == after[1] and sum(a != b for a, b in zip(after[0], direct)) >= 3
     finally:
         eng.close()
