@@ -1021,12 +1021,12 @@ class Engine:
             return
         # SGLang's resume restores the weights' memory but not their values (greedy output comes back
         # empty; the CPU backend does the same). Reload them from disk, keeping the weight version,
-        # so outputs are unchanged.
+        # so outputs are unchanged. The path and the version are the ones this Engine last loaded
+        # (connect or update_weights_from_disk), one source for both.
         if "weights" in resumed:
-            info = _loop.run_sync(self._client.get_info("model", timeout=30))
             self._control("/update_weights_from_disk", {
                 "model_path": self._weights_path or self.model_path,
-                "weight_version": info.get("weight_version"),
+                "weight_version": self._weight_version,
             }, what="resume_memory() reloading the weights")
 
     @contextlib.contextmanager

@@ -241,6 +241,7 @@ def test_paused_block_releases_and_resumes_with_unchanged_outputs(engine) -> Non
     # SGLang 0.5.17): equal outputs need resume_memory()'s reload from disk.
     after = engine.generate(CAPITAL, max_new_tokens=12, temperature=0)
     assert after.df.completion.tolist() == before.df.completion.tolist()
+    assert after.df.weight_version.tolist() == before.df.weight_version.tolist()  # reloaded under its version
 
 
 @pytest.mark.timeout(120)
