@@ -57,6 +57,7 @@ class Client:
         api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.api_key = api_key
         # Sent as `Authorization: Bearer <key>` on every request, as SGLang's --api-key expects.
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.request_timeout = request_timeout

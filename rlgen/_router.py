@@ -22,7 +22,6 @@ Knows nothing about processes, prompts or results.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,16 +82,8 @@ class RouterClient(Client):
 
     one_prompt_per_request = True
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        request_timeout: float | None = None,
-        on_connection_error: Callable[[], None] | None = None,
-        api_key: str | None = None,
-    ) -> None:
-        super().__init__(url, request_timeout=request_timeout, on_connection_error=on_connection_error, api_key=api_key)
-        self._api_key = api_key
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
         self._worker_clients: dict[str, Client] = {}
         self.workers: list[Worker] = []  # as the router listed them last
 
@@ -100,7 +91,7 @@ class RouterClient(Client):
         """The client for one worker (made once)."""
         client = self._worker_clients.get(url)
         if client is None:
-            client = self._worker_clients[url] = Client(url, request_timeout=self.request_timeout, api_key=self._api_key)
+            client = self._worker_clients[url] = Client(url, request_timeout=self.request_timeout, api_key=self.api_key)
         return client
 
     async def list_workers(self, *, timeout: float = 30) -> list[Worker]:
