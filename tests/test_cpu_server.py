@@ -13,8 +13,6 @@ import os
 import queue
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cpu_server_process import READY_LINE, Server, free_port, post, running_server
 
 torch = pytest.importorskip("torch")
 
@@ -237,74 +236,10 @@ def test_max_new_tokens_zero_generates_nothing(runner: Runner) -> None:
     assert out.input_token_logprobs is not None and len(out.input_token_logprobs) > 1
 
 
-# ---- a server process -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    """A `python -m rlgen.cpu_server` process in its own session, with its output collected."""
-
-    def __init__(self, model_path: str, port: int, faults: str = "", extra_env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "RLGEN_CPU_FAULT": faults, **(extra_env or {})}
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path, "--port", str(port)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-
-    def wait_for(self, needle: str, timeout: float = 60) -> bool:
-        """Read output until a line contains `needle` (True) or the process exits (False)."""
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                return False
-            self.lines.append(line)
-            if needle in line:
-                return True
-        raise TimeoutError(f"no {needle!r} in {timeout}s; output so far:\n{''.join(self.lines)}")
-
-    def rest_of_output(self) -> str:
-        assert self.proc.stdout is not None
-        self.lines.append(self.proc.stdout.read())
-        return "".join(self.lines)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-
-
-def _post(url: str, body: Any, timeout: float = 60) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-            status = response.status
-    except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
-    return status, json.loads(raw) if raw else None
-
-
 @pytest.fixture(scope="module")
-def server(model_path: str) -> Iterator[_Server]:
-    srv = _Server(model_path, _free_port())
-    try:
-        assert srv.wait_for("The server is fired up and ready to roll!"), srv.rest_of_output()
+def server(model_path: str) -> Iterator[Server]:
+    with running_server(model_path) as srv:
         yield srv
-    finally:
-        srv.kill()
 
 
 VALUE_ERROR = ("error",)  # {"error": {"message": ...}}
@@ -336,19 +271,19 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.timeout(120)
-def test_bad_requests_get_400_and_the_server_keeps_serving(server: _Server) -> None:
+def test_bad_requests_get_400_and_the_server_keeps_serving(server: Server) -> None:
     for body, keys in BAD_REQUESTS:
-        status, answer = _post(server.url + "/generate", body)
+        status, answer = post(server.url + "/generate", body)
         assert status == 400, (body, answer)
         assert tuple(answer) == keys, (body, answer)
         if keys == VALUE_ERROR:
             assert answer["error"]["message"], (body, answer)
-    status, answer = _post(server.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+    status, answer = post(server.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
     assert status == 200 and len(answer["output_ids"]) == 2
 
 
 @pytest.mark.timeout(120)
-def test_a_stream_with_bad_params_answers_200_with_an_error_event(server: _Server) -> None:
+def test_a_stream_with_bad_params_answers_200_with_an_error_event(server: Server) -> None:
     body = json.dumps({"text": "hi", "stream": True, "sampling_params": {"top_p": 2}}).encode()
     request = urllib.request.Request(server.url + "/generate", data=body, method="POST")
     with urllib.request.urlopen(request, timeout=60) as response:
@@ -358,39 +293,39 @@ def test_a_stream_with_bad_params_answers_200_with_an_error_event(server: _Serve
 
 
 @pytest.mark.timeout(120)
-def test_update_weights_from_disk_reloads_and_rejects_a_bad_path(server: _Server, model_path: str) -> None:
-    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": "/no/such/dir"})
+def test_update_weights_from_disk_reloads_and_rejects_a_bad_path(server: Server, model_path: str) -> None:
+    status, answer = post(server.url + "/update_weights_from_disk", {"model_path": "/no/such/dir"})
     assert status == 400 and answer["success"] is False and answer["message"]
-    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path, "weight_version": "v2"})
+    status, answer = post(server.url + "/update_weights_from_disk", {"model_path": model_path, "weight_version": "v2"})
     assert status == 200 and answer["success"] is True, answer
     with urllib.request.urlopen(server.url + "/model_info", timeout=10) as response:
         assert json.loads(response.read())["weight_version"] == "v2"
 
 
 @pytest.mark.timeout(120)
-def test_released_weights_refuse_generation_and_resume_without_values_until_reloaded(server: _Server, model_path: str) -> None:
+def test_released_weights_refuse_generation_and_resume_without_values_until_reloaded(server: Server, model_path: str) -> None:
     # SGLang 0.5.17 with --enable-memory-saver: resume gives the weights' memory back, not their
     # values (greedy output was empty there); update_weights_from_disk restores them.
     body = {"text": "The capital of France is", "sampling_params": {"temperature": 0.0, "max_new_tokens": 6}}
-    status, before = _post(server.url + "/generate", body)
+    status, before = post(server.url + "/generate", body)
     assert status == 200 and before["text"]
-    assert _post(server.url + "/release_memory_occupation", {}) == (200, None)
-    status, answer = _post(server.url + "/generate", body)
+    assert post(server.url + "/release_memory_occupation", {}) == (200, None)
+    status, answer = post(server.url + "/generate", body)
     assert status == 503 and "memory is released" in answer["message"], answer
-    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path})
+    status, answer = post(server.url + "/update_weights_from_disk", {"model_path": model_path})
     assert status == 400 and "released" in answer["message"], answer
-    assert _post(server.url + "/resume_memory_occupation", {}) == (200, None)
-    status, resumed = _post(server.url + "/generate", body)
+    assert post(server.url + "/resume_memory_occupation", {}) == (200, None)
+    status, resumed = post(server.url + "/generate", body)
     assert status == 200 and resumed["text"] == "" and resumed["output_ids"] != before["output_ids"]
-    status, answer = _post(server.url + "/update_weights_from_disk", {"model_path": model_path})
+    status, answer = post(server.url + "/update_weights_from_disk", {"model_path": model_path})
     assert status == 200 and answer["success"] is True, answer
-    status, after = _post(server.url + "/generate", body)
+    status, after = post(server.url + "/generate", body)
     assert status == 200 and after["output_ids"] == before["output_ids"]
 
 
 @pytest.mark.timeout(120)
-def test_binding_a_port_in_use_fails_clearly(server: _Server, model_path: str) -> None:
-    second = _Server(model_path, server.port)
+def test_binding_a_port_in_use_fails_clearly(server: Server, model_path: str) -> None:
+    second = Server(model_path, server.port)
     try:
         assert not second.wait_for("The server is fired up"), "second server started on a taken port"
         assert "address already in use" in second.rest_of_output()
@@ -404,7 +339,7 @@ def test_binding_a_port_in_use_fails_clearly(server: _Server, model_path: str) -
 
 @pytest.mark.timeout(60)
 def test_die_at_start_prints_an_oom_and_exits_1(model_path: str) -> None:
-    srv = _Server(model_path, _free_port(), faults="die_at_start")
+    srv = Server(model_path, free_port(), faults="die_at_start")
     try:
         assert srv.proc.wait(timeout=45) == 1
         output = srv.rest_of_output()
@@ -416,7 +351,7 @@ def test_die_at_start_prints_an_oom_and_exits_1(model_path: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_hang_at_start_with_ignored_sigterm_and_a_grandchild(model_path: str) -> None:
-    srv = _Server(model_path, _free_port(), faults="hang_at_start,ignore_sigterm,spawn_grandchild")
+    srv = Server(model_path, free_port(), faults="hang_at_start,ignore_sigterm,spawn_grandchild")
     try:
         assert srv.wait_for("grandchild pid=")
         grandchild = int(srv.lines[-1].strip().split("grandchild pid=")[1])
@@ -443,11 +378,11 @@ def test_hang_at_start_with_ignored_sigterm_and_a_grandchild(model_path: str) ->
 
 @pytest.mark.timeout(90)
 def test_die_mid_request_exits_13_without_answering(model_path: str) -> None:
-    srv = _Server(model_path, _free_port(), faults="die_mid_request")
+    srv = Server(model_path, free_port(), faults="die_mid_request")
     try:
-        assert srv.wait_for("The server is fired up and ready to roll!"), srv.rest_of_output()
+        assert srv.wait_for(READY_LINE), srv.rest_of_output()
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
-            _post(srv.url + "/generate", {"text": "hi"}, timeout=30)
+            post(srv.url + "/generate", {"text": "hi"}, timeout=30)
         assert srv.proc.wait(timeout=30) == 13
     finally:
         srv.kill()

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cpu_server_process import Server, post, running_server
 
 pytest.importorskip("torch")
 
-from test_cpu_server import _free_port, _post, _Server  # after the importorskip: it needs torch
 
 from rlgen.cpu_server._fields import GENERATE_FIELDS, SAMPLING_FIELDS
 
@@ -138,17 +138,13 @@ def test_the_docs_list_every_field_with_its_treatment() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(model_path: str) -> Iterator[_Server]:
-    srv = _Server(model_path, _free_port())
-    try:
-        assert srv.wait_for("The server is fired up and ready to roll!"), srv.rest_of_output()
+def server(model_path: str) -> Iterator[Server]:
+    with running_server(model_path) as srv:
         yield srv
-    finally:
-        srv.kill()
 
 
-def _generate(server: _Server, body: dict[str, Any]) -> Any:
-    status, answer = _post(server.url + "/generate", body)
+def _generate(server: Server, body: dict[str, Any]) -> Any:
+    status, answer = post(server.url + "/generate", body)
     assert status == 200, (status, answer)
     return answer
 
@@ -160,21 +156,21 @@ def _same_answer(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_request_with_every_generate_field_at_its_default_is_answered_like_one_without_them(server: _Server) -> None:
+def test_a_request_with_every_generate_field_at_its_default_is_answered_like_one_without_them(server: Server) -> None:
     plain = _generate(server, {"text": PROMPT, "sampling_params": GREEDY})
     full = _generate(server, {**SGLANG_GENERATE_DEFAULTS, "text": PROMPT, "sampling_params": GREEDY})
     _same_answer(full, plain)
 
 
 @pytest.mark.timeout(120)
-def test_every_sampling_param_at_its_default_changes_nothing(server: _Server) -> None:
+def test_every_sampling_param_at_its_default_changes_nothing(server: Server) -> None:
     plain = _generate(server, {"text": PROMPT, "sampling_params": GREEDY})
     defaults = {**SGLANG_SAMPLING_DEFAULTS, "json_schema": "", "logit_bias": {}, **GREEDY}  # SGLang's unset aliases too
     _same_answer(_generate(server, {"text": PROMPT, "sampling_params": defaults}), plain)
 
 
 @pytest.mark.timeout(120)
-def test_a_batch_with_per_prompt_lists_of_defaults_is_answered_like_one_without_them(server: _Server) -> None:
+def test_a_batch_with_per_prompt_lists_of_defaults_is_answered_like_one_without_them(server: Server) -> None:
     prompts = [PROMPT, "Once upon a time"]
     plain = _generate(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["p0", "p1"]})
     per_prompt = {
@@ -188,7 +184,7 @@ def test_a_batch_with_per_prompt_lists_of_defaults_is_answered_like_one_without_
 
 
 @pytest.mark.timeout(120)
-def test_the_body_sglang_router_forwards_is_answered_like_a_direct_request(server: _Server) -> None:
+def test_the_body_sglang_router_forwards_is_answered_like_a_direct_request(server: Server) -> None:
     plain = _generate(server, {"text": PROMPT, "sampling_params": GREEDY})
     routed = _generate(server, {"text": PROMPT, "sampling_params": GREEDY, "rid": "via-router", **ROUTER_ADDED_FIELDS})
     _same_answer(routed, plain)
@@ -197,7 +193,7 @@ def test_the_body_sglang_router_forwards_is_answered_like_a_direct_request(serve
     assert streamed[-1]["output_ids"] == plain["output_ids"]
 
 
-def _stream(server: _Server, body: dict[str, Any]) -> list[dict[str, Any]]:
+def _stream(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:
     request = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(), method="POST")
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.status == 200
@@ -208,8 +204,8 @@ def _stream(server: _Server, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("name", "value"), REFUSED_VALUES, ids=[f"{n}={v!r:.20}" for n, v in REFUSED_VALUES])
-def test_a_refused_non_default_value_gets_a_400_naming_the_field(server: _Server, name: str, value: Any) -> None:
-    status, answer = _post(server.url + "/generate", {"text": PROMPT, "sampling_params": GREEDY, name: value})
+def test_a_refused_non_default_value_gets_a_400_naming_the_field(server: Server, name: str, value: Any) -> None:
+    status, answer = post(server.url + "/generate", {"text": PROMPT, "sampling_params": GREEDY, name: value})
     assert status == 400 and tuple(answer) == ("error",), answer
     assert answer["error"]["message"].startswith(f"{name}="), answer
     assert "not supported by the rlgen CPU backend" in answer["error"]["message"]
@@ -217,26 +213,26 @@ def test_a_refused_non_default_value_gets_a_400_naming_the_field(server: _Server
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("name", "value"), REFUSED_SAMPLING_VALUES, ids=[n for n, _ in REFUSED_SAMPLING_VALUES])
-def test_a_refused_sampling_param_gets_a_400_naming_it(server: _Server, name: str, value: Any) -> None:
-    status, answer = _post(server.url + "/generate", {"text": PROMPT, "sampling_params": {**GREEDY, name: value}})
+def test_a_refused_sampling_param_gets_a_400_naming_it(server: Server, name: str, value: Any) -> None:
+    status, answer = post(server.url + "/generate", {"text": PROMPT, "sampling_params": {**GREEDY, name: value}})
     assert status == 400 and answer["error"]["message"].startswith(f"sampling_params.{name}="), answer
 
 
 @pytest.mark.timeout(60)
-def test_an_ignored_field_of_the_wrong_type_gets_sglangs_type_error(server: _Server) -> None:
-    status, answer = _post(server.url + "/generate", {"text": PROMPT, "priority": "high"})
+def test_an_ignored_field_of_the_wrong_type_gets_sglangs_type_error(server: Server) -> None:
+    status, answer = post(server.url + "/generate", {"text": PROMPT, "priority": "high"})
     assert status == 400 and answer["object"] == "error" and "body.priority" in answer["message"], answer
 
 
 @pytest.mark.timeout(60)
-def test_routed_dp_rank_0_is_accepted_and_any_other_rank_is_out_of_range_as_in_sglang(server: _Server) -> None:
+def test_routed_dp_rank_0_is_accepted_and_any_other_rank_is_out_of_range_as_in_sglang(server: Server) -> None:
     _generate(server, {"text": PROMPT, "sampling_params": GREEDY, "routed_dp_rank": 0})
-    status, answer = _post(server.url + "/generate", {"text": PROMPT, "sampling_params": GREEDY, "routed_dp_rank": 1})
+    status, answer = post(server.url + "/generate", {"text": PROMPT, "sampling_params": GREEDY, "routed_dp_rank": 1})
     assert (status, answer) == (400, {"error": {"message": "routed_dp_rank=1 out of range [0, 1)"}})
 
 
 @pytest.mark.timeout(60)
-def test_return_prompt_token_ids_adds_the_prompts_token_ids(server: _Server) -> None:
+def test_return_prompt_token_ids_adds_the_prompts_token_ids(server: Server) -> None:
     ids = [1, 2, 3, 4]
     answer = _generate(server, {"input_ids": ids, "sampling_params": GREEDY, "return_prompt_token_ids": True})
     assert answer["prompt_token_ids"] == ids
@@ -246,6 +242,6 @@ def test_return_prompt_token_ids_adds_the_prompts_token_ids(server: _Server) -> 
 
 
 @pytest.mark.timeout(60)
-def test_a_batch_of_one_keeps_its_string_rid_as_sglang_0_5_17_does(server: _Server) -> None:
+def test_a_batch_of_one_keeps_its_string_rid_as_sglang_0_5_17_does(server: Server) -> None:
     (answer,) = _generate(server, {"text": [PROMPT], "sampling_params": GREEDY, "rid": "solo"})
     assert answer["meta_info"]["id"] == "solo"

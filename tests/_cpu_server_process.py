@@ -1,0 +1,92 @@
+"""A `python -m rlgen.cpu_server` process for the CPU backend's own tests: started in its own
+session with its output collected, and JSON POSTs to it. A module of its own (not a test module),
+so that test modules share it without importing each other."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["READY_LINE", "Server", "free_port", "post", "running_server"]
+
+REPO = Path(__file__).resolve().parents[1]
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A `python -m rlgen.cpu_server` process in its own session, with its output collected."""
+
+    def __init__(self, model_path: str, port: int, faults: str = "", extra_env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RLGEN_CPU_FAULT": faults, **(extra_env or {})}
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path, "--port", str(port)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+
+    def wait_for(self, needle: str, timeout: float = 60) -> bool:
+        """Read output until a line contains `needle` (True) or the process exits (False)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                return False
+            self.lines.append(line)
+            if needle in line:
+                return True
+        raise TimeoutError(f"no {needle!r} in {timeout}s; output so far:\n{''.join(self.lines)}")
+
+    def rest_of_output(self) -> str:
+        assert self.proc.stdout is not None
+        self.lines.append(self.proc.stdout.read())
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_server(model_path: str) -> Iterator[Server]:
+    """A server on a free port, ready (its ready line printed); killed on exit."""
+    srv = Server(model_path, free_port())
+    try:
+        assert srv.wait_for(READY_LINE), srv.rest_of_output()
+        yield srv
+    finally:
+        srv.kill()
+
+
+def post(url: str, body: Any, timeout: float = 60) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    return status, json.loads(raw) if raw else None
