@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh dev
-exec python -m pytest tests notebooks --nbmake --nbmake-timeout=600 "$@"
+exec python -m pytest tests notebooks --nbmake --nbmake-timeout=600 --durations=30 "$@"
