@@ -1,4 +1,4 @@
-"""bench/_common.py and bench/throughput.py's judging: the statistics and the bookkeeping the GPU
+"""bench/_common.py, bench/throughput.py's and bench/scale_out.py's judging: the statistics and the bookkeeping the GPU
 verdicts rest on (the benchmarks themselves need a GPU and are not tests)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _common as C
+import scale_out
 import throughput
 
 
@@ -141,3 +142,21 @@ def test_compare_pools_their_runs_and_reads_the_extra_time_outside_the_server() 
     assert c["extra_outside_s"] == pytest.approx(0.05)
     assert c["ratio_from_outside"] == pytest.approx(1.00 / 1.05)  # their median wall, plus our extra
     assert C.compare({"ours": runs((1.0, 0.1))}, "ours", ["a"])["interval"] is None
+
+
+def test_the_scale_out_report_judges_the_two_gpu_target_only_with_two_gpus(tmp_path: Path, capsys) -> None:
+    import json
+
+    saved = Path(__file__).resolve().parents[1] / "docs/gpu/2026-12-01g/scale_out.json"
+    record = C.Record.load(str(saved), out=str(tmp_path / "again.json"))
+    scale_out.report(record)
+    out = capsys.readouterr().out
+    assert "replicas / one: 1.16x [0.98-1.26]" in out and record["targets"] == []  # one GPU: no target
+    two = json.loads(saved.read_text())
+    two["gpus"] = [0, 1]
+    for run in two["methods"]["replicas"]["runs"]:  # as if the second GPU doubled the replicas' rate
+        run["tok_s"] *= 2
+    (tmp_path / "two.json").write_text(json.dumps(two))
+    record = C.Record.load(str(tmp_path / "two.json"), out=str(tmp_path / "again2.json"))
+    scale_out.report(record)
+    assert [(t["target"], t["verdict"]) for t in record["targets"]] == [("replicas=2 on two GPUs vs one server", "PASS")]
