@@ -53,17 +53,14 @@ def start(name: str, model: str, args: argparse.Namespace, gpus: list[int]) -> A
     import rlgen
 
     common: dict[str, Any] = {"backend": args.backend, "progress": False, "fast_start": True}
-    if args.backend == "sglang":
-        common["env"] = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, sorted(set(gpus))))}
+    on_gpus = args.backend == "sglang"
     if name == "one":
-        if args.backend == "sglang":
-            common["env"] = {"CUDA_VISIBLE_DEVICES": str(gpus[0])}
-        return rlgen.Engine(model, **common)
+        return rlgen.Engine(model, env={"CUDA_VISIBLE_DEVICES": str(gpus[0])} if on_gpus else None, **common)
     if name == "replicas":
-        common.pop("env", None)
-        return rlgen.Engine(model, replicas=2, gpus=gpus if args.backend == "sglang" else None, **common)
+        return rlgen.Engine(model, replicas=2, gpus=gpus if on_gpus else None, **common)
     if name == "dp":
-        return rlgen.Engine(model, dp_size=2, **common)
+        visible = ",".join(map(str, sorted(set(gpus))))
+        return rlgen.Engine(model, dp_size=2, env={"CUDA_VISIBLE_DEVICES": visible} if on_gpus else None, **common)
     raise ValueError(name)
 
 

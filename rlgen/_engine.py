@@ -196,7 +196,7 @@ class Engine:
 
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
-        worker_env = _check_replicas(replicas, gpus, keep_alive=keep_alive, host=host, tp_size=tp_size, dp_size=dp_size)
+        worker_env = _check_replicas(replicas, gpus, keep_alive=keep_alive, tp_size=tp_size, dp_size=dp_size)
         keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self._server: ServerProcess | None = None
@@ -506,7 +506,7 @@ class Engine:
         weights, KV cache, CUDA graphs in GB, as read when the Engine connected). The driver's
         counts are None where it lists none of the processes (CPU machines, some containers).
         """
-        from ._process_tree import gpu_memory_mib, gpu_memory_per_gpu
+        from ._process_tree import gpu_memory_per_gpu
         from ._version import __version__
 
         server, kept = self._server, self._kept
@@ -518,6 +518,7 @@ class Engine:
             else (None, None, None)
         )
         command = self._command()
+        per_gpu = gpu_memory_per_gpu(pids) if pids is not None else None  # one reading of the driver for both
         info = {
             "state": self.state.value,
             "model": self.model,
@@ -531,8 +532,8 @@ class Engine:
             "context_length": self.context_length,
             "server_version": self._server_info.get("version"),
             "rlgen_version": __version__,
-            "gpu_memory_mib": gpu_memory_mib(pids) if pids is not None else None,
-            "gpu_memory_per_gpu": gpu_memory_per_gpu(pids) if pids is not None else None,
+            "gpu_memory_mib": sum(per_gpu.values()) if per_gpu else None,
+            "gpu_memory_per_gpu": per_gpu,
             "memory_usage": _server_info.memory_usage(self._server_info),
             "router": self._router_info(),
         }
@@ -1065,7 +1066,7 @@ class Engine:
 # Helpers for construction
 
 
-def _check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: object, host: str, tp_size: int,
+def _check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: object, tp_size: int,
                     dp_size: int) -> list[dict[str, str]]:
     """Check `replicas=` / `gpus=` before anything starts; the per-worker env overrides (gpus)."""
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:

@@ -441,10 +441,10 @@ def _gpu_pids() -> set[int] | None:
 
 
 def gpu_memory_mib(pids: list[int]) -> int | None:
-    """GPU memory (MiB) held by these processes together (None where the driver shows none of them)."""
-    held = gpu_memory_by_pid() if pids else None
-    mine = [held[pid] for pid in pids if pid in held] if held else []
-    return sum(mine) if mine else None
+    """GPU memory (MiB) held by these processes together, over all GPUs (None where the driver
+    shows none of them)."""
+    per_gpu = gpu_memory_per_gpu(pids)
+    return sum(per_gpu.values()) if per_gpu else None
 
 
 def gpu_memory_per_gpu(pids: list[int]) -> dict[int, int] | None:

@@ -84,11 +84,14 @@ class CountingClient:
         self.in_flight = 0
         self.most = 0
 
-    async def generate(self, payload: dict) -> list:
+    async def generate(self, payload: dict) -> Any:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         await asyncio.sleep(0.01)
         self.in_flight -= 1
+        return self.answer(payload)
+
+    def answer(self, payload: dict) -> Any:
         n = payload["sampling_params"].get("n", 1)
         return [{"text": "", "output_ids": [], "meta_info": {}} for _ in payload["input_ids"] for _ in range(n)]
 
@@ -143,20 +146,12 @@ def test_behind_a_router_one_sample_goes_with_its_rid_and_a_seeded_prompt_as_one
     assert sorted(client.aborted or []) == sorted(p["rid"] for p in client.sent)
 
 
-class SlowRouterStandIn:
-    """Answers each single-prompt request after a short wait; records requests in flight at most."""
+class SlowRouterStandIn(CountingClient):
+    """CountingClient for a router: single-prompt requests, answered in their shape."""
 
     one_prompt_per_request = True
 
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.most = 0
-
-    async def generate(self, payload: dict) -> Any:
-        self.in_flight += 1
-        self.most = max(self.most, self.in_flight)
-        await asyncio.sleep(0.01)
-        self.in_flight -= 1
+    def answer(self, payload: dict) -> Any:
         one = {"text": "", "output_ids": [], "meta_info": {"id": payload["rid"]}}
         return one if isinstance(payload["input_ids"][0], int) else [one] * len(payload["input_ids"])
 
