@@ -11,7 +11,7 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
   launches and `sglang.Engine`, so every launch gets the same ones rlgen's Engine reads itself;
 - workloads (`Workload`): token-id prompts of an exact length from a fixed seed, or chat prompts
   from templates, rendered to token ids once, so every method sends identical `input_ids` and the
-  sampling parameters rlgen itself would send (`rlgen._options.to_sglang()`);
+  sampling parameters rlgen itself would send (`rlgen.core._options.to_sglang()`);
 - the clients that compete with rlgen on the same server (`RawClient`: aiohttp + orjson, one
   batched request, chunked requests, or one request per prompt) and rlgen's own call;
 - `run_interleaved`: warm up each method once, then every repeat runs every method once in a
@@ -20,7 +20,7 @@ Not a benchmark itself. It holds what more than one script needs, so that they m
 - `compare`: one method against others' pooled runs (ratio of medians, 90% bootstrap interval,
   rank test, and the split at the server), which the scripts' verdicts use; `compare_difference`,
   the same for a difference of medians (the seconds a cost adds); both rest on `bootstrap_medians`;
-- `nvidia-smi` readings (memory used / total; per process: `rlgen._process_tree.gpu_memory_mib`) and
+- `nvidia-smi` readings (memory used / total; per process: `rlgen.server._process_tree.gpu_memory_mib`) and
   plain-text tables.
 
 Runnable scripts import it as `_common` (Python puts the script's directory on sys.path).
@@ -142,7 +142,7 @@ def model_path(arg: str | None) -> str:
         return arg
     if os.environ.get("RLGEN_TEST_MODEL"):
         return os.environ["RLGEN_TEST_MODEL"]
-    from rlgen._models import default_model_path
+    from rlgen.server._models import default_model_path
 
     return str(default_model_path())
 
@@ -327,7 +327,7 @@ class Workload:
     @cached_property  # built once, not inside the timed loops (per-request builds a body per prompt)
     def sampling(self) -> dict[str, Any]:
         """The sampling_params rlgen sends for these options (without `n`)."""
-        from rlgen._options import SamplingOptions, resolve, to_sglang
+        from rlgen.core._options import SamplingOptions, resolve, to_sglang
 
         return to_sglang(resolve(SamplingOptions, self.options))
 
@@ -488,7 +488,7 @@ class RawClient:
         import aiohttp
         import orjson
 
-        from rlgen._client import KEEPALIVE_S  # as rlgen: idle connections go before uvicorn drops them
+        from rlgen.client._http import KEEPALIVE_S  # as rlgen: idle connections go before uvicorn drops them
 
         if self._session is None:
             self._session = aiohttp.ClientSession(

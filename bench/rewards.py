@@ -66,8 +66,8 @@ from typing import Any, NamedTuple
 
 import _common as C
 
-from rlgen._results import Rollouts, rollouts_from_responses
-from rlgen._reward_exec import Call, Mode, Outcome, close_pools, run_calls
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
+from rlgen.rewards._exec import Call, Mode, Outcome, close_pools, run_calls
 from rlgen.rewards import math_verify_reward
 
 TRIVIAL = ("inline", "fresh", "warm", "hang_fresh", "hang_warm", "calls_inline", "calls_warm")

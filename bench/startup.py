@@ -58,8 +58,8 @@ from typing import Any
 
 import _common as C
 
-from rlgen._process_tree import gpu_memory_mib
-from rlgen._server_log import LogFollower
+from rlgen.server._process_tree import gpu_memory_mib
+from rlgen.server._log import LogFollower
 
 CONFIGS = ("sglang-defaults", "rlgen-fast_start", "rlgen-defaults")  # rlgen-defaults last: it stays up
 SIDE_BY_SIDE_REPEATS = 11  # 5 left the 2026-11-30 comparison undecided (rank test p 0.1-0.2); ~1 s each
@@ -138,7 +138,7 @@ class RawSGLang:
     def start(self) -> None:
         # rlgen's process ownership (own session, parent-death signal, /health_generate wait, log
         # in log_dir) around SGLang's own command line: none of rlgen's Engine defaults apply.
-        from rlgen._server import launch_server
+        from rlgen.server._process import launch_server
 
         cmd = [sys.executable, "-m", self.module, "--model-path", self.model, *C.site_flags()]
         self.server = launch_server(cmd, log_dir=self.log_dir, startup_timeout=600, grace=15.0)

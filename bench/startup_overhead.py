@@ -39,14 +39,14 @@ PAIRS = 3
 
 def bare_argv(model: str, backend: str) -> list[str]:
     """The command Engine(model, backend, fast_start=True) runs, before rlgen appends --host/--port."""
-    from rlgen._server_command import DEFAULT_GPU_MEMORY_FRACTION, server_argv
+    from rlgen.server._command import DEFAULT_GPU_MEMORY_FRACTION, server_argv
 
     return server_argv(backend, model, gpu_memory_fraction=DEFAULT_GPU_MEMORY_FRACTION, fast_start=True,
                        enable_memory_saver=False, enable_metrics=False, server_args=None)
 
 
 def start_bare(model: str, backend: str, log_dir: Path) -> tuple[Any, Any]:
-    from rlgen._server import launch_server
+    from rlgen.server._process import launch_server
 
     server = launch_server(bare_argv(model, backend), log_dir=log_dir, startup_timeout=900, grace=15.0)
 

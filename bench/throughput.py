@@ -105,7 +105,7 @@ def start_offline_engine(model: str, server_argv: list[str]) -> tuple[object, di
     """
     import sglang
 
-    from rlgen._server_command import DEFAULT_GPU_MEMORY_FRACTION
+    from rlgen.server._command import DEFAULT_GPU_MEMORY_FRACTION
 
     used, total = C.gpu_used_mib(), C.gpu_total_mib()
     held = used / total if used is not None and total else 0.0
@@ -173,7 +173,7 @@ def measure(args: argparse.Namespace, model: str, workloads: list[C.Workload], r
             # Importing sglang installs uvloop's loop policy, so the raw client's loop (made after
             # it) is uvloop and rlgen's (made before) asyncio's; against a server that waits 0.55 s
             # and answers 256 x 128 tokens the two raw loops took 562 and 564 ms (CPU machine).
-            from rlgen import _loop
+            from rlgen.core import _loop
 
             record["event_loops"] = {"raw": type(raw._loop).__name__, "rlgen": type(_loop.get_loop()).__name__}
             methods = {**raw.methods(), "rlgen": lambda wl: C.rlgen_generate(eng, wl)}

@@ -10,10 +10,10 @@ Usage::
 
 from __future__ import annotations
 
-from ._ab import ABReport, ab
-from ._compare import compare_logprobs
-from ._engine import Engine, EngineState
-from ._errors import (
+from .compare._ab import ABReport, ab
+from .compare._logprobs import compare_logprobs
+from .engine._engine import Engine, EngineState
+from .core._errors import (
     EngineClosedError,
     EngineError,
     ModelError,
@@ -26,13 +26,13 @@ from ._errors import (
     ServerStartupTimeout,
     WorkerRequestError,
 )
-from ._kl import LogprobShift, compare
-from ._models import DEFAULT_MODEL, resolve_model
-from ._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
-from ._registry import list_servers
-from ._results import Rollouts
-from ._server import reap
-from ._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
+from .compare._kl import LogprobShift, compare
+from .server._models import DEFAULT_MODEL, resolve_model
+from .core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
+from .server._registry import list_servers
+from .rollouts._rollouts import Rollouts
+from .server._process import reap
+from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
 from ._version import __version__
 
 __all__ = [

@@ -11,7 +11,7 @@ import sys
 
 OWNER_SCRIPT = r"""
 import json, signal, sys
-from rlgen._server import launch_server
+from rlgen.server._process import launch_server
 signal.signal(signal.SIGINT, lambda *_: print("interrupted", flush=True))
 cfg = json.loads(sys.argv[1])
 server = launch_server(cfg["argv"], env=cfg["env"], startup_timeout=60, _pdeathsig=cfg["pdeathsig"])

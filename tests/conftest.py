@@ -43,7 +43,7 @@ def model_path() -> str:
     path = os.environ.get("RLGEN_TEST_MODEL")
     if path:
         return path
-    from rlgen._models import default_model_path
+    from rlgen.server._models import default_model_path
 
     return str(default_model_path())
 

@@ -1,4 +1,4 @@
-"""rlgen._ab: checkpoint A/B on the same prompts, by a paired bootstrap over prompts (no server)."""
+"""rlgen.compare._ab: checkpoint A/B on the same prompts, by a paired bootstrap over prompts (no server)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from rlgen._ab import ABReport, ab
-from rlgen._group_stats import pass_at_k
-from rlgen._results import Rollouts, rollouts_from_responses
+from rlgen.compare._ab import ABReport, ab
+from rlgen.rewards._group_stats import pass_at_k
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 
 
 def entry(length: int, finish: str) -> dict:

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from rlgen._browser import interactive_frontend
-from rlgen._results import Rollouts, rollouts_from_responses
+from rlgen.rollouts._browser import interactive_frontend
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 
 
 def entry(ids: list[int], *, finish: str = "stop", lps: list[float] | None = None, top: bool = True) -> dict:
@@ -130,7 +130,7 @@ def test_without_a_widget_manager_the_output_is_the_static_html_of_the_selection
 
 def test_auto_mode_sends_the_widget_to_interactive_frontends_only(monkeypatch):
     ipywidgets = pytest.importorskip("ipywidgets")
-    monkeypatch.setattr("rlgen._progress.in_notebook", lambda: True)
+    monkeypatch.setattr("rlgen.core._progress.in_notebook", lambda: True)
     monkeypatch.setattr(ipywidgets.Widget, "_control_comm", None)
     for name in [k for k in os.environ if k == "JPY_SESSION_NAME" or k.startswith("VSCODE_")]:
         monkeypatch.delenv(name)

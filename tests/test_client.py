@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from rlgen._client import Client
-from rlgen._errors import RequestError
+from rlgen.client._http import Client
+from rlgen.core._errors import RequestError
 
 BODY = b'{"ok": true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)

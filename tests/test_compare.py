@@ -1,4 +1,4 @@
-"""rlgen._compare's verdict: which sampling parameters make sampled logprobs not comparable with a
+"""rlgen.compare._logprobs's verdict: which sampling parameters make sampled logprobs not comparable with a
 re-score, and what a `LogprobCheck` says (no server)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlgen._compare import check_verdict, not_comparable_reason
+from rlgen.compare._logprobs import check_verdict, not_comparable_reason
 
 DIFFS = {"max_abs_diff": 2e-5, "mean_abs_diff": 3e-6, "n_tokens": 40, "first_token_max_abs_diff": 1e-5, "n_missing": 0}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import rlgen
-from rlgen._completion_cache import CompletionCache, cache_key
-from rlgen._weights import weights_sha256
+from rlgen.client._completion_cache import CompletionCache, cache_key
+from rlgen.server._weights import weights_sha256
 
 KEY_ARGS = {"weights_sha256": "ab" * 32, "weight_version": "default", "prompt_ids": [1, 2, 3],
             "sampling": {"temperature": 0.0, "max_new_tokens": 8}, "n": 2, "logprobs": True, "top_logprobs": 0}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import re
 
-from rlgen._display import engine_html, logprob_color, rollouts_html
-from rlgen._response_arrays import failed_entry
-from rlgen._results import Rollouts, rollouts_from_responses
-from rlgen._token_text import TokenText
+from rlgen.rollouts._display import engine_html, logprob_color, rollouts_html
+from rlgen.rollouts._response_arrays import failed_entry
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
+from rlgen.rollouts._token_text import TokenText
 
 
 def entry(ids: list[int], *, finish: str = "stop", texts: list[str] | None = None, lp: float = -0.05) -> dict:

@@ -108,7 +108,7 @@ def test_close_is_idempotent_and_a_closed_engine_says_to_create_a_new_one(model_
 def test_the_tokenizer_loads_while_the_server_starts_and_its_failure_stops_the_server(
     model_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rlgen._engine as engine_module
+    import rlgen.engine._engine as engine_module
 
     loading: dict[str, float] = {}
 
@@ -370,7 +370,7 @@ def test_without_a_chunk_size_a_call_is_split_into_about_16_requests_of_at_most_
 
 
 def test_a_generate_call_reports_progress_per_answered_request_and_ends_with_its_totals(engine, capfd) -> None:
-    from rlgen._progress import ProgressLine
+    from rlgen.core._progress import ProgressLine
 
     seen: list[tuple[int, int]] = []
     original = ProgressLine.advance
@@ -408,7 +408,7 @@ def test_ctrl_c_aborts_on_the_server_raises_promptly_and_keeps_the_engine_usable
     # The server's own count of requests (SGLang's /v1/loads; the CPU backend serves it too) shows
     # that they stopped there: the client fills in the aborted rows itself, so they cannot show it.
     def on_server() -> int:
-        loads = rlgen._loop.run_sync(engine._client.get("/v1/loads", timeout=10))["loads"]
+        loads = rlgen.core._loop.run_sync(engine._client.get("/v1/loads", timeout=10))["loads"]
         return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads)
 
     main = threading.main_thread().ident
@@ -522,13 +522,13 @@ def test_check_logprobs_says_rollouts_sampled_at_another_temperature_are_not_com
 def test_greedy_rollouts_are_comparable_and_identical_samples_are_scored_once(engine, monkeypatch) -> None:
     rollouts = engine.generate(CAPITAL, n=4, max_new_tokens=8, temperature=0.0)
     sent: list[int] = []
-    real = rlgen._engine.run_generate
+    real = rlgen.engine._engine.run_generate
 
     async def counting(client, job, **kwargs):
         sent.append(len(job.prompt_ids))
         return await real(client, job, **kwargs)
 
-    monkeypatch.setattr(rlgen._engine, "run_generate", counting)
+    monkeypatch.setattr(rlgen.engine._engine, "run_generate", counting)
     assert engine.check_logprobs(rollouts).passed is True
     assert sent == [len(set(map(tuple, rollouts.id_lists("response"))))] == [1]
 
@@ -581,7 +581,7 @@ def test_a_new_engine_reaps_servers_left_by_a_dead_kernel(model_path: str, tmp_p
     monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path))  # a registry of this test's own
     script = textwrap.dedent(f"""
         import sys
-        from rlgen._server import launch_server
+        from rlgen.server._process import launch_server
         # as on a platform without a parent-death signal: only the registry knows about it
         srv = launch_server([sys.executable, "-m", "rlgen.cpu_server", "--model-path", {model_path!r}], _pdeathsig=False)
         print(srv.pid, flush=True)

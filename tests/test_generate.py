@@ -1,4 +1,4 @@
-"""rlgen._generate: what the generate core sends, and what it aborts when it is cancelled.
+"""rlgen.client._generate: what the generate core sends, and what it aborts when it is cancelled.
 
 Uses a stand-in client (no server): the end-to-end paths are in test_engine.py.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlgen._generate import FALLBACK_IN_FLIGHT, GenerateJob, chunks_to_fill, run_generate
+from rlgen.client._generate import FALLBACK_IN_FLIGHT, GenerateJob, chunks_to_fill, run_generate
 
 
 class HangingClient:

@@ -1,4 +1,4 @@
-"""rlgen._group_stats: advantages and pass@k, checked against their definitions written out plainly."""
+"""rlgen.rewards._group_stats: advantages and pass@k, checked against their definitions written out plainly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlgen._group_stats import advantages, group_arrays, pass_at_k
+from rlgen.rewards._group_stats import advantages, group_arrays, pass_at_k
 
 REWARDS = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 2.0, np.nan, 0.0, 1.0])
 GROUPS = np.repeat([0, 1, 2], 4)

@@ -1,4 +1,4 @@
-"""rlgen._kl: how far the logprobs of the same tokens moved between two weight versions (no server)."""
+"""rlgen.compare._kl: how far the logprobs of the same tokens moved between two weight versions (no server)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlgen._kl import LogprobShift, compare, shift_color
-from rlgen._results import Rollouts, rollouts_from_responses
+from rlgen.compare._kl import LogprobShift, compare, shift_color
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 
 NAN = float("nan")
 

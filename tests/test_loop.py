@@ -1,4 +1,4 @@
-"""rlgen._loop: sync-over-async on a private loop thread, safe inside a running event loop."""
+"""rlgen.core._loop: sync-over-async on a private loop thread, safe inside a running event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rlgen import _loop
+from rlgen.core import _loop
 
 
 async def answer(x: int, delay: float = 0.0) -> int:

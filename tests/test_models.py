@@ -1,4 +1,4 @@
-"""rlgen._models: the default model's conversion and cache, and user-given checkout paths."""
+"""rlgen.server._models: the default model's conversion and cache, and user-given checkout paths."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import rlgen
-from rlgen._models import _COMPLETE_MARKER, default_model_path, resolve_model
+from rlgen.server._models import _COMPLETE_MARKER, default_model_path, resolve_model
 
 
 def test_default_model_resolves_to_a_complete_hf_checkout(model_path: str) -> None:
@@ -43,7 +43,7 @@ def test_default_model_is_converted_once_and_reused(model_path: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_interrupted_conversion_leaves_no_half_written_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlgen._models as models
+    import rlgen.server._models as models
 
     monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path))
 

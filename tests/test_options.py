@@ -1,4 +1,4 @@
-"""rlgen._options: one schema for generate()'s options, checked before anything is sent."""
+"""rlgen.core._options: one schema for generate()'s options, checked before anything is sent."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import rlgen
-from rlgen._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions, defaults, resolve, to_sglang
+from rlgen.core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions, defaults, resolve, to_sglang
 
 
 def test_defaults_map_to_sglang_names_with_an_explicit_temperature() -> None:

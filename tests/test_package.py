@@ -17,20 +17,32 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking_block(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+# The layers, top to bottom (docs/architecture.md). A module may import modules of a lower rank, or
+# of its own subpackage (acyclically); `|` siblings share a rank and never import each other.
+LAYERS: dict[str, int] = {
+    "rlgen": 6,                      # the facade: __init__, __main__
+    "rlgen.engine": 5,
+    "rlgen.compare": 4,
+    "rlgen.rollouts": 3,
+    "rlgen.rewards": 2,
+    "rlgen.server": 1, "rlgen.client": 1, "rlgen.cpu_server": 1,
+    "rlgen.core": 0, "rlgen._version": 0,
+}
 
 
-def _runtime_imports(path: Path, modules: set[str], name: str | None = None) -> set[str]:
-    """The rlgen modules `path` (module `name`) imports when it runs, at module level or inside
-    functions, leaving out `if TYPE_CHECKING:` blocks, which never run."""
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and ".".join(parts[:2]) in LAYERS else "rlgen"
+
+
+def _imports(path: Path, modules: set[str], name: str | None = None) -> set[str]:
+    """Every rlgen module `path` (module `name`) names in an import, counted the strict way: at
+    module level, inside functions, under `if TYPE_CHECKING:` and `if not TYPE_CHECKING:` alike.
+    `from . import x` names the module `x`, not the package it sits in."""
     name = name or _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if _is_type_checking_block(node):
-            return
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -41,18 +53,18 @@ def _runtime_imports(path: Path, modules: set[str], name: str | None = None) -> 
             for alias in node.names:
                 target = f"{base}.{alias.name}"
                 found.add(target if target in modules else base)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
     return {m for m in found if m in modules and m != name}
 
 
-def test_no_module_of_rlgen_imports_itself_back_through_others() -> None:
+def _graph() -> dict[str, set[str]]:
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {_module_name(p) for p in files}
-    graph = {_module_name(p): _runtime_imports(p, modules) for p in files}
+    return {_module_name(p): _imports(p, modules) for p in files}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles: list[list[str]] = []
+    done: set[str] = set()
 
     def walk(node: str, path: list[str]) -> None:
         for nxt in sorted(graph[node]):
@@ -62,19 +74,71 @@ def test_no_module_of_rlgen_imports_itself_back_through_others() -> None:
                 walk(nxt, [*path, nxt])
         done.add(node)
 
-    done: set[str] = set()
     for start in sorted(graph):
         if start not in done:
             walk(start, [start])
+    return cycles
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for a, targets in graph.items():
+        for b in targets:
+            la, lb = _layer(a), _layer(b)
+            if la != lb and LAYERS[la] <= LAYERS[lb]:
+                bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_no_module_of_rlgen_imports_itself_back_through_others() -> None:
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_the_cycle_check_sees_a_cycle_made_inside_a_function(tmp_path: Path) -> None:
+def test_every_import_goes_down_the_layers() -> None:
+    graph = _graph()
+    assert all(_layer(m) in LAYERS for m in graph)
+    assert not _upward(graph), "imports that go up or sideways: " + "; ".join(_upward(graph))
+
+
+def test_the_import_count_sees_imports_hidden_in_functions_and_type_checking_blocks(tmp_path: Path) -> None:
+    mods = {"rlgen.rollouts._rollouts", "rlgen.rollouts._display"}
     a = tmp_path / "a.py"
-    a.write_text("def f():\n    from rlgen import _results\n")
-    assert _runtime_imports(a, {"rlgen._results"}, "rlgen._display") == {"rlgen._results"}
-    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlgen import _results\n")
-    assert _runtime_imports(a, {"rlgen._results"}, "rlgen._display") == set()
+    for hidden in ("def f():\n    from ._rollouts import Rollouts\n",
+                   "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._rollouts import Rollouts\n",
+                   "from typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n    from . import _rollouts\n",
+                   "try:\n    pass\nfinally:\n    import rlgen.rollouts._rollouts\n"):
+        a.write_text(hidden)
+        found = _imports(a, mods, "rlgen.rollouts._display")
+        assert found == {"rlgen.rollouts._rollouts"}, hidden
+        graph = {"rlgen.rollouts._display": found, "rlgen.rollouts._rollouts": {"rlgen.rollouts._display"}}
+        assert _cycles(graph), hidden
+
+
+def test_the_layer_check_refuses_an_import_that_goes_up(tmp_path: Path) -> None:
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from ..rollouts._rollouts import Rollouts\n")
+    mods = {"rlgen.rollouts._rollouts", "rlgen.rewards._scoring"}
+    graph = {"rlgen.rewards._scoring": _imports(a, mods, "rlgen.rewards._scoring")}
+    assert _upward(graph) == ["rlgen.rewards._scoring -> rlgen.rollouts._rollouts"]
+    a.write_text("from ..client import _http\n")  # a sibling of the same rank
+    graph = {"rlgen.server._process": _imports(a, {"rlgen.client._http"}, "rlgen.server._process")}
+    assert _upward(graph) == ["rlgen.server._process -> rlgen.client._http"]
+
+
+def test_no_module_of_rlgen_passes_about_600_lines() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 620}
+    assert not long, f"modules over ~600 lines (split them by job): {long}"
+
+
+def test_every_module_opens_with_what_it_owns_and_knows_nothing_about() -> None:
+    missing = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(p.read_text())) or ""
+        if p.name not in {"__main__.py", "_version.py", "py.typed"} and not ("Owns" in doc or "owns" in doc):
+            missing.append(str(p.relative_to(PACKAGE)))
+    assert not missing, f"modules whose docstring does not say what they own: {missing}"
 
 
 def test_the_public_names_are_a_literal_list_and_all_exist() -> None:

@@ -22,8 +22,8 @@ from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from rlgen._plots import FINISH_COLORS, ZERO_STD_COLOR, RolloutPlots  # noqa: E402
-from rlgen._results import Rollouts, rollouts_from_responses  # noqa: E402
+from rlgen.rollouts._plots import FINISH_COLORS, ZERO_STD_COLOR, RolloutPlots  # noqa: E402
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses  # noqa: E402
 
 N_PROMPTS, N = 16, 8
 MAX_TOKENS = 512
@@ -262,7 +262,7 @@ def test_without_matplotlib_a_plot_says_how_to_install_it(res: Rollouts, monkeyp
 
 
 def test_import_rlgen_and_res_plot_do_not_import_matplotlib() -> None:
-    code = ("import sys, rlgen; from rlgen._plots import RolloutPlots; "
+    code = ("import sys, rlgen; from rlgen.rollouts._plots import RolloutPlots; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'; print(repr(RolloutPlots(None)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

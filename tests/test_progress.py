@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rlgen._progress import PhaseLine, ProgressLine, in_notebook, progress_enabled
+from rlgen.core._progress import PhaseLine, ProgressLine, in_notebook, progress_enabled
 
 
 def test_auto_progress_honours_tqdm_disable_but_an_explicit_true_wins(monkeypatch):
@@ -126,7 +126,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = Clock()
-    monkeypatch.setattr("rlgen._progress.time.perf_counter", fake)
+    monkeypatch.setattr("rlgen.core._progress.time.perf_counter", fake)
     return fake
 
 

@@ -1,11 +1,11 @@
-"""rlgen._prompts: the accepted prompt forms, tokenized on the client and checked before sending."""
+"""rlgen.client._prompts: the accepted prompt forms, tokenized on the client and checked before sending."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from rlgen._prompts import normalize_prompts, prompt_data
+from rlgen.client._prompts import normalize_prompts, prompt_data
 
 
 def norm(prompts, tok, *, context=8192, max_new=16):

@@ -19,8 +19,8 @@ import psutil
 import pytest
 from _owner import read_line, spawn_owner
 
-from rlgen import _registry
-from rlgen._server import launch_server, list_servers, reap
+from rlgen.server import _registry
+from rlgen.server._process import launch_server, list_servers, reap
 
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlgen import compare_logprobs
-from rlgen._response_arrays import failed_entry
-from rlgen._results import Rollouts, rollouts_from_responses
+from rlgen.rollouts._response_arrays import failed_entry
+from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 
 PAD = 0
 
@@ -511,7 +511,7 @@ def test_parquet_round_trip_of_a_selection_and_of_an_empty_result(tmp_path):
 
 
 def test_the_view_after_a_parquet_round_trip_shows_the_same_token_text(tmp_path, tok):
-    from rlgen._token_text import TokenText
+    from rlgen.rollouts._token_text import TokenText
 
     ids = tok("The café\nis open", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     res = rollouts_from_responses([entry(ids)], prompt_ids=[[1, 2]], pad_token_id=tok.eos_token_id,
@@ -525,7 +525,7 @@ def test_the_view_after_a_parquet_round_trip_shows_the_same_token_text(tmp_path,
 
 
 def test_after_parquet_without_its_tokenizer_the_view_shows_ids_and_says_how_to_get_text(tmp_path, model_path):
-    from rlgen._token_text import TokenText
+    from rlgen.rollouts._token_text import TokenText
 
     res = rollouts_from_responses([entry([5, 6, 7])], prompt_ids=[[1]], pad_token_id=2,
                                   decode=TokenText.load(str(tmp_path / "moved-away")))
@@ -633,7 +633,7 @@ def test_compare_logprobs_needs_a_mask_for_plain_tensors_and_the_same_tokens_for
 
 
 def test_importing_results_and_display_does_not_import_torch_or_pandas():
-    code = "import sys, rlgen._results, rlgen._display; print([m for m in ('torch', 'pandas') if m in sys.modules])"
+    code = "import sys, rlgen.rollouts._rollouts, rlgen.rollouts._display; print([m for m in ('torch', 'pandas') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -1,4 +1,4 @@
-"""rlgen._reward_exec: calling a user's function many times, in worker processes, threads or inline.
+"""rlgen.rewards._exec: calling a user's function many times, in worker processes, threads or inline.
 
 Real worker processes throughout (no stand-ins for the pool): what is tested is what a hung, crashing
 or interrupted function does to them. The functions are defined inside the tests, as in a notebook
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlgen import _reward_exec
-from rlgen._reward_exec import Call, Outcome, RunInterrupted, close_pools, run_calls
+from rlgen.rewards import _exec as _reward_exec
+from rlgen.rewards._exec import Call, Outcome, RunInterrupted, close_pools, run_calls
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -257,7 +257,7 @@ def test_a_worker_imports_neither_rlgen_nor_pandas_to_run_a_function() -> None:
 
 _OWNER = textwrap.dedent("""
     import os, sys, threading, time
-    from rlgen._reward_exec import Call, run_calls
+    from rlgen.rewards._exec import Call, run_calls
     pids = {o.value for o in run_calls(lambda _: os.getpid(), [Call((i,)) for i in range(8)], workers=2)}
     print(" ".join(map(str, sorted(pids))), flush=True)
     if sys.argv[1] == "busy":  # the workers are running hung calls when the owner dies
@@ -331,7 +331,7 @@ def test_thread_mode_gives_up_on_a_hung_call_at_its_timeout_says_it_goes_on_and_
 
 @pytest.mark.timeout(60)
 def test_thread_mode_reports_exceptions_and_runs_async_functions_concurrently_on_rlgens_loop() -> None:
-    from rlgen import _loop
+    from rlgen.core import _loop
 
     async def slow(x: int) -> bool:
         await asyncio.sleep(0.2)

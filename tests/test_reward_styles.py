@@ -1,4 +1,4 @@
-"""rlgen._reward_styles: reward functions as users write them, called unchanged, their returns read per row."""
+"""rlgen.rewards._styles: reward functions as users write them, called unchanged, their returns read per row."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rlgen._reward_styles import RowBatch, build_calls, check_value, check_values, detect_style
+from rlgen.rewards._styles import RowBatch, build_calls, check_value, check_values, detect_style
 
 
 def rows(chat: bool = False) -> RowBatch:

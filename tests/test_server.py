@@ -27,9 +27,12 @@ import psutil
 import pytest
 from _owner import read_line, spawn_owner
 
-from rlgen import _process_tree, _registry, _server, _server_log
-from rlgen._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
-from rlgen._server import PHASES, ServerState, launch_server
+from rlgen.server import _process_tree
+from rlgen.server import _registry
+from rlgen.server import _process as _server
+from rlgen.server import _log as _server_log
+from rlgen.core._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
+from rlgen.server._process import PHASES, ServerState, launch_server
 
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
 
@@ -448,7 +451,7 @@ def test_gpu_memory_per_process_and_per_gpu_is_read_from_nvidia_smi(tmp_path: Pa
         "esac\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    from rlgen._process_tree import (
+    from rlgen.server._process_tree import (
         _gpu_pids,
         gpu_memory_by_device,
         gpu_memory_by_pid,

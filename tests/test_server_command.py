@@ -1,4 +1,4 @@
-"""rlgen._server_command: backend choice and the server command line with rlgen's notebook defaults."""
+"""rlgen.server._command: backend choice and the server command line with rlgen's notebook defaults."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import rlgen
-from rlgen._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
+from rlgen.server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 
 
 def argv(backend: str = "sglang", **kwargs) -> list[str]:

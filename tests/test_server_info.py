@@ -1,10 +1,10 @@
-"""rlgen._server_info: the facts the client reads from what a server says about itself."""
+"""rlgen.server._info: the facts the client reads from what a server says about itself."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlgen._server_info import context_length, honours_seed, memory_usage, running_capacity
+from rlgen.server._info import context_length, honours_seed, memory_usage, running_capacity
 
 
 @pytest.mark.parametrize(("info", "capacity"), [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlgen._token_text import TokenText
+from rlgen.rollouts._token_text import TokenText
 
 COMPLETION = "The capital of France\n\nis Paris. Le café 日本 🙂!"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rlgen
-from rlgen._weights import weights_sha256
+from rlgen.server._weights import weights_sha256
 
 pytestmark = pytest.mark.slow
 # Also runs on real SGLang on the GPU machine (RLGEN_TEST_BACKEND=sglang).

@@ -109,8 +109,8 @@ def sanity_check(
     """
     import pandas as pd
 
-    from .._prompts import prompt_data
-    from .._results import COLUMNS, rollouts_from_responses
+    from ..client._prompts import prompt_data
+    from ..rollouts._rollouts import COLUMNS, rollouts_from_responses
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 2:
         raise ValueError(f"repeats must be an int >= 2 (to compare repeated calls), got {repeats!r}")

@@ -99,7 +99,7 @@ def _wait_healthy(url: str, deadline: float) -> None:
 def target(model_path: str) -> Iterator[Target]:
     from transformers import AutoTokenizer
 
-    from rlgen._server import launch_server
+    from rlgen.server._process import launch_server
 
     url = os.environ.get("RLGEN_CONFORMANCE_URL")
     server = None

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ._results import Rollouts
+    from ._rollouts import Rollouts
 
 __all__ = ["FINISH_COLORS", "ZERO_STD_COLOR", "RolloutPlots"]
 
@@ -159,7 +159,7 @@ class RolloutPlots:
                             label=f"{c} ({int(rows.sum())})")
         if uniq is not None and len(uniq) <= _MAX_DISCRETE and _min_gap(uniq) >= _span(uniq) / 12:
             out.set_yticks(uniq, [f"{v:.3g}" for v in uniq])
-        from ._reward_summary import _corr
+        from ..rewards._summary import _corr
 
         r = _corr(y, x)
         corr = f"Pearson r = {r:.2f}" if math.isfinite(r) else "r undefined (constant, or under 3 rows)"
@@ -189,8 +189,8 @@ class RolloutPlots:
         _matplotlib()
         import pandas as pd
 
-        from . import _group_stats
-        from ._rewards import group_keys
+        from ..rewards import _group_stats
+        from ..rewards._scoring import group_keys
 
         df = self._res.df
         _require(df, reward)
@@ -336,7 +336,7 @@ class RolloutPlots:
             ax: axes to draw into.
         """
         _matplotlib()
-        from ._rewards import group_keys
+        from ..rewards._scoring import group_keys
 
         df = self._res.df
         _require(df, correct)
@@ -487,7 +487,7 @@ def _require(df: pd.DataFrame, column: str) -> None:
         return
     import difflib
 
-    from ._reward_summary import reward_functions
+    from ..rewards._summary import reward_functions
 
     guess = difflib.get_close_matches(column, [str(c) for c in df.columns], n=1)
     if guess:
@@ -500,7 +500,7 @@ def _require(df: pd.DataFrame, column: str) -> None:
 
 
 def _reward_columns(df: pd.DataFrame, funcs: str | Sequence[str] | None) -> list[str]:
-    from ._reward_summary import reward_functions
+    from ..rewards._summary import reward_functions
 
     names = reward_functions(df)
     if funcs is None:
@@ -570,7 +570,7 @@ def _scored_note(df: pd.DataFrame, column: str) -> str:
 
 
 def _count_zero_groups(df: pd.DataFrame, zero_rows: np.ndarray) -> int:
-    from ._rewards import group_keys
+    from ..rewards._scoring import group_keys
 
     return len(set(group_keys(df)[zero_rows].tolist()))
 

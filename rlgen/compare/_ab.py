@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._group_stats import pass_at_k
+from ..rewards._group_stats import pass_at_k
 from ._kl import two_labels
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from ._results import Rollouts
+    from ..rollouts._rollouts import Rollouts
 
 __all__ = ["ABReport", "ab"]
 
@@ -94,7 +94,7 @@ def ab(
     """
     import pandas as pd
 
-    from ._results import Rollouts
+    from ..rollouts._rollouts import Rollouts
 
     # 1) arguments
     for name, value in (("a", a), ("b", b)):
@@ -165,7 +165,7 @@ class ABReport:
         return "\n".join([f"<ABReport {la} vs {lb}: {self.interval_note}", *lines, *notes]) + ">"
 
     def _repr_html_(self) -> str:
-        from ._display import VIEW_STYLE
+        from ..rollouts._display import VIEW_STYLE
 
         la, lb = (html.escape(x) for x in self.labels)
         pct = f"{self.confidence * 100:g}%"
@@ -191,7 +191,7 @@ class ABReport:
         """A forest plot: one panel per metric (each on its own scale) with the difference B - A as a
         point, its interval as a bar and a dashed line at 0; returns the Figure (matplotlib, imported
         now: `pip install 'rlgen[plots]'`)."""
-        from ._plots import _classes, _matplotlib
+        from ..rollouts._plots import _classes, _matplotlib
 
         _matplotlib()
         import matplotlib as mpl
@@ -309,7 +309,7 @@ def _metrics(da: pd.DataFrame, db: pd.DataFrame, prompts: list[int], *, reward: 
 
 def _pass_at_k(da: pd.DataFrame, db: pd.DataFrame, prompts: list[int], *, column: str, explicit: bool,
                threshold: float, k: int | Sequence[int] | None, notes: list[str]) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    from ._reward_summary import correct_mask
+    from ..rewards._summary import correct_mask
 
     if not explicit and not (column in da.columns and column in db.columns):
         if k is not None:

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from typing_extensions import Unpack
 
-from ._options import RewardOptions, takes_options
+from ..core._options import RewardOptions, takes_options
 from ._parquet import read_parquet, write_parquet
-from ._ragged import gather_rows, pad_rows, row_offsets
+from ..core._ragged import gather_rows, pad_rows, row_offsets
 from ._response_arrays import gc_paused, parse_responses
 from ._token_text import TokenText
 
@@ -51,10 +51,10 @@ if TYPE_CHECKING:
     import torch
 
     from ._browser import RolloutBrowser
-    from ._group_stats import AdvantageMethod
+    from ..rewards._group_stats import AdvantageMethod
     from ._plots import RolloutPlots
-    from ._reward_summary import RewardSummary
-    from ._rewards import RewardFunctions
+    from ..rewards._summary import RewardSummary
+    from ..rewards._scoring import RewardFunctions
 
 __all__ = ["CLIENT_COLUMNS", "COLUMNS", "Rollouts", "rollouts_from_responses"]
 
@@ -568,9 +568,9 @@ class Rollouts:
         scoring and keeps what was scored (the rest is marked "cancelled", with a warning).
         Everything is checked before any function runs.
         """
-        from ._options import resolve
-        from ._progress import ProgressLine
-        from ._rewards import count_functions, rewards_columns, warn_notes
+        from ..core._options import resolve
+        from ..core._progress import ProgressLine
+        from ..rewards._scoring import count_functions, rewards_columns, warn_notes
 
         opts = resolve(RewardOptions, options)
         with ProgressLine("rewards", total=len(self) * count_functions(funcs), unit="score", show=opts["progress"]) as line:
@@ -583,8 +583,8 @@ class Rollouts:
         """One row per prompt group: n, mean, std, zero_std (every sample scored the same) and,
         with `correct` (a bool column, or a numeric one where value >= threshold counts), the
         number correct and pass@k for each k (Chen et al., 2021; NaN when k > n)."""
-        from ._reward_summary import group_table
-        from ._rewards import group_keys
+        from ..rewards._summary import group_table
+        from ..rewards._scoring import group_keys
 
         ks = [k] if isinstance(k, int) else list(k)
         return group_table(self._df, group_keys(self._df), reward=reward, correct=correct, threshold=threshold,
@@ -609,8 +609,8 @@ class Rollouts:
         "drgrpo", "rloo" or "batch" (see `add_rewards`). Returns a Series aligned with `df`."""
         import pandas as pd
 
-        from ._group_stats import advantages
-        from ._rewards import group_keys
+        from ..rewards._group_stats import advantages
+        from ..rewards._scoring import group_keys
 
         if reward not in self._df.columns:
             raise ValueError(f"no column {reward!r}; add rewards first: res.add_rewards(...)")
@@ -622,8 +622,8 @@ class Rollouts:
         bad_return (with the commonest error), its p95 call time, the share of prompt groups with
         no spread, its correlation with completion length and its mean by finish reason; and
         flags in plain language for what looks wrong."""
-        from ._reward_summary import summarize
-        from ._rewards import group_keys
+        from ..rewards._summary import summarize
+        from ..rewards._scoring import group_keys
 
         return summarize(self._df, group_keys(self._df))
 

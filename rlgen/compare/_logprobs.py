@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from ._results import Rollouts
+    from ..rollouts._rollouts import Rollouts
 
 __all__ = ["LogprobCheck", "check_verdict", "compare_logprobs", "not_comparable_reason"]
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._paths import cache_dir
+from ..core._paths import cache_dir
 
 __all__ = ["CompletionCache", "cache_key"]
 

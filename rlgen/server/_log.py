@@ -18,7 +18,7 @@ import signal
 from pathlib import Path
 from typing import TypeVar
 
-from ._errors import ServerStartupError, ServerStartupTimeout
+from ..core._errors import ServerStartupError, ServerStartupTimeout
 
 __all__ = [
     "LOG_HEADER",

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import ModelError
-from ._paths import cache_dir
+from ..core._errors import ModelError
+from ..core._paths import cache_dir
 
 __all__ = ["DEFAULT_MODEL", "ResolvedModel", "default_model_path", "resolve_model"]
 

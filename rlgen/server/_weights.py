@@ -23,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ._paths import cache_dir
+from ..core._paths import cache_dir
 
 __all__ = ["WeightsHash", "weights_sha256"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ragged import gather_rows, row_offsets
+from ..core._ragged import gather_rows, row_offsets
 
 __all__ = ["ParsedResponses", "failed_entry", "gc_paused", "parse_responses", "scored_entry"]
 

@@ -337,7 +337,7 @@ def _call_caught(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[
 
 
 def _run_inline(fn: Callable[..., Any], calls: list[Call], progress: Callable[[int], None]) -> list[Outcome]:
-    from . import _loop
+    from ..core import _loop
 
     outcomes: list[Outcome | None] = [None] * len(calls)
     for i, call in enumerate(calls):
@@ -374,7 +374,7 @@ def _run_threads(fn: Callable[..., Any], calls: list[Call], outcomes: list[Outco
     if _is_async(fn):
         _run_on_loop(fn, calls, outcomes, timeout=timeout, concurrency=concurrency, progress=progress)
         return
-    from . import _loop
+    from ..core import _loop
 
     todo: SimpleQueue[int] = SimpleQueue()
     for i in range(len(calls)):
@@ -465,7 +465,7 @@ def _run_on_loop(fn: Callable[..., Any], calls: list[Call], outcomes: list[Outco
     """Async functions in thread mode: awaited on rlgen's background loop, `concurrency` at once."""
     import asyncio
 
-    from . import _loop
+    from ..core import _loop
 
     if _loop.in_loop_thread():
         raise RuntimeError("run_calls(mode='thread') was called from rlgen's own loop thread")
@@ -910,7 +910,7 @@ def _checkin(workers: list[_Worker]) -> None:
 
 
 def _spawn(key: tuple[Any, ...]) -> _Worker:
-    from ._process_tree import _popen_from_long_lived_thread
+    from ..server._process_tree import _popen_from_long_lived_thread
 
     mine, theirs = socket.socketpair()
     crash_log = tempfile.TemporaryFile()  # noqa: SIM115 - open for the worker's life, closed by _kill

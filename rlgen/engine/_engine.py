@@ -26,26 +26,31 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from . import _keep_alive, _loop, _options, _replicas, _router, _server_info
-from ._client import Client, parse_prometheus
-from ._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
-from ._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
-from ._models import resolve_model
-from ._options import GenerateOptions, StreamOptions, takes_options
-from ._prompts import PromptBatch, normalize_prompts, prompt_data
-from ._server_command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, redacted, server_argv
-from ._token_text import TokenText
-from ._types import Prompt, Prompts
-from ._weights import WeightsHash
+from ..server import _keep_alive
+from ..core import _loop
+from ..core import _options
+from ..server import _replicas
+from ..client import _router
+from ..server import _info as _server_info
+from ..client._http import Client, parse_prometheus
+from ..core._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
+from ..client._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
+from ..server._models import resolve_model
+from ..core._options import GenerateOptions, StreamOptions, takes_options
+from ..client._prompts import PromptBatch, normalize_prompts, prompt_data
+from ..server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, redacted, server_argv
+from ..rollouts._token_text import TokenText
+from ..core._types import Prompt, Prompts
+from ..server._weights import WeightsHash
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._compare import LogprobCheck
-    from ._completion_cache import CompletionCache
-    from ._progress import ProgressLine
-    from ._results import Rollouts
-    from ._server import ServerProcess
+    from ..compare._logprobs import LogprobCheck
+    from ..client._completion_cache import CompletionCache
+    from ..core._progress import ProgressLine
+    from ..rollouts._rollouts import Rollouts
+    from ..server._process import ServerProcess
 
 __all__ = ["Engine", "EngineState"]
 
@@ -191,8 +196,8 @@ class Engine:
         replicas: int = 1,
         gpus: Sequence[int] | None = None,
     ) -> None:
-        from ._progress import PhaseLine
-        from ._server import launch_server
+        from ..core._progress import PhaseLine
+        from ..server._process import launch_server
 
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
@@ -290,7 +295,7 @@ class Engine:
     def _launch_replicas(self, argv: list[str], replicas: int, worker_env: list[dict[str, str]], *, line: Any,
                          notes: list[str], host: str, port: int | None, env: Mapping[str, str] | None,
                          log_dir: str | os.PathLike[str] | None, startup_timeout: float, api_key: str | None) -> None:
-        """`replicas` servers and a router in front (rlgen._replicas); this Engine talks to the router."""
+        """`replicas` servers and a router in front (rlgen.server._replicas); this Engine talks to the router."""
         try:
             fleet = _replicas.launch_replicas(
                 argv, replicas, concurrent_start=self.backend == "cpu", host=host, port=port, env=env,
@@ -401,7 +406,7 @@ class Engine:
         self._weight_updates = 0
         self._weights_path: str | None = None  # where the served weights were last loaded from
         self._released: set[str] = set()      # memory tags released and not yet resumed
-        self._behind_router = False           # connect() to an sglang-router: see rlgen._router
+        self._behind_router = False           # connect() to an sglang-router: see rlgen.client._router
         self._replicas = None
 
     def _connect(self, *, tokenizer: Any) -> None:
@@ -506,8 +511,8 @@ class Engine:
         weights, KV cache, CUDA graphs in GB, as read when the Engine connected). The driver's
         counts are None where it lists none of the processes (CPU machines, some containers).
         """
-        from ._process_tree import gpu_memory_per_gpu
-        from ._version import __version__
+        from ..server._process_tree import gpu_memory_per_gpu
+        from .._version import __version__
 
         server, kept = self._server, self._kept
         # Where the server is: one this Engine owns, a kept one it shares, or none (connect()).
@@ -575,7 +580,7 @@ class Engine:
         return f"<rlgen.Engine {self.model!r} backend={self.backend} {where}url={self.url} state={self.state.value}>"
 
     def _repr_html_(self) -> str:
-        from ._display import engine_html
+        from ..rollouts._display import engine_html
 
         return engine_html(self)
 
@@ -698,7 +703,7 @@ class Engine:
 
     def _look_up(self, call: _Call) -> None:
         """Fill `call.keys` and `call.hits`; only the prompts the cache did not answer stay in the job."""
-        from ._completion_cache import CompletionCache, cache_key
+        from ..client._completion_cache import CompletionCache, cache_key
 
         digest = self._weights.result()
         if digest is None:
@@ -734,13 +739,13 @@ class Engine:
     def _progress_line(self, job: GenerateJob, progress: bool | None, *, label: str = "generate",
                        unit: str = "sample") -> ProgressLine:
         """The call's progress line: auto mode shows it once the call has run a second."""
-        from ._progress import ProgressLine
+        from ..core._progress import ProgressLine
 
         return ProgressLine(label, total=job.n_samples, unit=unit, show=self._progress if progress is None else progress)
 
     def _rollouts(self, call: _Call, *, failed: bool = False) -> Rollouts:
-        from ._response_arrays import failed_entry
-        from ._results import rollouts_from_responses
+        from ..rollouts._response_arrays import failed_entry
+        from ..rollouts._rollouts import rollouts_from_responses
 
         job, batch, n = call.job, call.batch, call.job.n
         sent: list[dict[str, Any] | None] = list(job.results) or [None] * job.n_samples
@@ -772,7 +777,7 @@ class Engine:
 
     def _record(self, call: _Call, sampling: dict[str, Any], responses: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
         """`Rollouts.record`: what made this call's rows."""
-        from ._version import __version__
+        from .._version import __version__
 
         versions = sorted({str(v) for r in responses if r is not None
                            and (v := (r.get("meta_info") or {}).get("weight_version")) is not None})
@@ -797,7 +802,7 @@ class Engine:
     def _gpu(self) -> str | None:
         """The GPU's name where the server is on this machine and has one (nvidia-smi, read once)."""
         if self._gpu_name is None and self.backend == "sglang":
-            from ._process_tree import gpu_name
+            from ..server._process_tree import gpu_name
 
             self._gpu_name = gpu_name() or ""
         return self._gpu_name or None
@@ -822,7 +827,7 @@ class Engine:
         model's log-probabilities of them from raw logits (temperature 1, no top-p/top-k);
         finish_reason is "score".
         """
-        from ._results import Rollouts, rollouts_from_responses
+        from ..rollouts._rollouts import Rollouts, rollouts_from_responses
 
         if isinstance(prompts, Rollouts):
             if completions is not None:
@@ -845,7 +850,7 @@ class Engine:
 
     def _score_rollouts(self, rollouts: Rollouts, *, progress: bool | None) -> Rollouts:
         """`score(res)`: every row's prompt + response ids; a row without response tokens stays empty."""
-        from ._results import rollouts_from_responses
+        from ..rollouts._rollouts import rollouts_from_responses
 
         if len(rollouts) == 0:
             raise ValueError("the rollouts have no rows to re-score")
@@ -870,7 +875,7 @@ class Engine:
         logits. Rollouts sampled at a temperature other than 1 (greedy counts as 1), or with
         penalties, are therefore not re-scored, and the verdict says why.
         """
-        from ._compare import check_verdict, compare_logprobs, not_comparable_reason
+        from ..compare._logprobs import check_verdict, compare_logprobs, not_comparable_reason
 
         if rollouts.logprobs is None:
             raise ValueError("these rollouts have no logprobs; generate with logprobs=True")
@@ -895,7 +900,7 @@ class Engine:
         Identical (prompt, completion) pairs are prefilled once. An empty completion gets an entry
         with no tokens, without a request.
         """
-        from ._response_arrays import scored_entry
+        from ..rollouts._response_arrays import scored_entry
 
         self._check_ready()
         first: dict[tuple[int, tuple[int, ...]], int] = {}  # distinct (prompt length, ids) -> first row
@@ -1095,7 +1100,7 @@ def _duration(seconds: float) -> str:
 
 
 def _registry_kept_summary(pid: int) -> dict[str, Any] | None:
-    from ._registry import kept_summary, read_kept
+    from ..server._registry import kept_summary, read_kept
 
     state = read_kept(pid)
     return None if state is None else kept_summary(state, now=time.time())
@@ -1114,7 +1119,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _reap_leftovers() -> None:
-    from ._server import reap
+    from ..server._process import reap
 
     stopped = [r for r in reap() if r.get("action") == "stopped"]
     if stopped:
@@ -1157,7 +1162,7 @@ def _load_tokenizer(tokenizer: Any) -> Any:
 
 def _reserved_columns() -> tuple[str, ...]:
     """Columns generate() fills itself, which per-prompt data may not replace."""
-    from ._results import CLIENT_COLUMNS, COLUMNS
+    from ..rollouts._rollouts import CLIENT_COLUMNS, COLUMNS
 
     return (*COLUMNS, *CLIENT_COLUMNS)
 

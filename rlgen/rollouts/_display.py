@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._results import Rollouts
+    from ._rollouts import Rollouts
 
 __all__ = [
     "VIEW_STYLE",

@@ -44,12 +44,14 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from . import _process_tree, _registry, _server_log
-from ._errors import ServerDiedError, ServerStartupError
+from . import _process_tree
+from . import _registry
+from . import _log as _server_log
+from ..core._errors import ServerDiedError, ServerStartupError
 from ._launch_options import LaunchOptions
 from ._process_tree import ProcessTree, ShutdownReport, reap, wait_gpu_memory_released
-from ._server_command import redacted
-from ._server_log import PHASES
+from ._command import redacted
+from ._log import PHASES
 
 __all__ = [
     "PHASES",

@@ -5,7 +5,7 @@ Owns: the keep-alive policy. `options_key` (what must match to reuse a server), 
 live server of this user with that key, or why none can be reused), `keep` (after a launch: a
 per-server API key is already required by the server; this starts the watchdog, hands the registry
 record's ownership to it and records the attached engine), `attach` / `detach` (an Engine begins or
-ends using it), `stop`, and the watchdog itself (`python -m rlgen._keep_alive <pid>`).
+ends using it), `stop`, and the watchdog itself (`python -m rlgen.server._keep_alive <pid>`).
 
 The watchdog is a small process in its own session, not a child of the kernel. Every
 `POLL_S` it reads the kept state: while the process of any attached engine lives the server is in
@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _process_tree, _registry
-from ._server_command import redacted
+from . import _process_tree
+from . import _registry
+from ._command import redacted
 
 __all__ = ["Kept", "attach", "detach", "find", "keep", "new_api_key", "options_key", "parse_duration", "stop"]
 
@@ -167,7 +168,7 @@ def keep(*, pid: int, key: str, url: str, api_key: str, keep_alive_s: float, mod
     _registry.write_kept(pid, state)
     log = open(log_dir / "watchdog.log", "ab")  # noqa: SIM115 - the child keeps the descriptor
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "rlgen._keep_alive", str(pid)], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "rlgen.server._keep_alive", str(pid)], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     finally:
         log.close()

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _server_log
-from ._errors import EngineError, ServerStartupError
+from . import _log as _server_log
+from ..core._errors import EngineError, ServerStartupError
 from ._process_tree import ShutdownReport, wait_gpu_memory_released
-from ._server import ServerProcess, _free_port, launch_server
+from ._process import ServerProcess, _free_port, launch_server
 
 __all__ = ["ROUTER_POLICY", "Replicas", "check_router_installed", "launch_replicas"]
 

@@ -22,7 +22,7 @@ import numpy as np
 from ._display import alternative_texts, completion_html, rollouts_html, token_pieces
 
 if TYPE_CHECKING:
-    from ._results import Rollouts
+    from ._rollouts import Rollouts
 
 __all__ = ["RolloutBrowser", "interactive_frontend", "sample_html"]
 
@@ -143,7 +143,7 @@ class RolloutBrowser:
         """
         if self.widgets is not None:
             return self.widgets
-        from ._progress import in_notebook
+        from ..core._progress import in_notebook
 
         if not in_notebook():
             return False

@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from . import _group_stats, _reward_exec, _reward_styles
-from ._reward_styles import STYLES, RowBatch, Style
+from . import _group_stats
+from . import _exec as _reward_exec
+from . import _styles as _reward_styles
+from ._styles import STYLES, RowBatch, Style
 
 if TYPE_CHECKING:
-    from ._results import Rollouts
+    from ..rollouts._rollouts import Rollouts
 
 __all__ = ["GROUP_COLUMNS", "RewardFunctions", "count_functions", "group_keys", "rewards_columns", "warn_notes"]
 

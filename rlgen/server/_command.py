@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._errors import EngineError
+from ..core._errors import EngineError
 
 __all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend",
            "redacted", "server_argv"]

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._compare import not_comparable_reason
-from ._display import VIEW_STYLE, clip_text, last_user_message, logprob_color, piece_html, token_pieces
+from ._logprobs import not_comparable_reason
+from ..rollouts._display import VIEW_STYLE, clip_text, last_user_message, logprob_color, piece_html, token_pieces
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-    from ._results import Rollouts
+    from ..rollouts._rollouts import Rollouts
 
 __all__ = ["LogprobShift", "ShiftHeatmap", "compare", "shift_color", "two_labels"]
 
@@ -72,7 +72,7 @@ def compare(a: Rollouts, b: Rollouts, *, labels: Sequence[str] = ("a", "b")) -> 
         shift.summary["k3_per_token"], shift.top(5), shift.heatmap()
         res = res.with_columns({"kl_k3": shift.df["k3"]})
     """
-    from ._results import Rollouts
+    from ..rollouts._rollouts import Rollouts
 
     # 1) inputs: two Rollouts of the same tokens, each with logprobs
     for name, value in (("a", a), ("b", b)):

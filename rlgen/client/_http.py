@@ -5,7 +5,7 @@ Owns: the HTTP session to one server (SGLang or rlgen's CPU backend: same wire f
 (orjson) and the mapping of HTTP failures onto rlgen's exceptions. Knows nothing about processes
 (a `on_connection_error` hook lets the owner say "the server died" instead) or about results.
 
-All methods are coroutines that must run on rlgen's background loop (`rlgen._loop`): the aiohttp
+All methods are coroutines that must run on rlgen's background loop (`rlgen.core._loop`): the aiohttp
 session is bound to the loop it was created on.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from ._errors import RequestError, RequestTimeout, ServerRequestError
+from ..core._errors import RequestError, RequestTimeout, ServerRequestError
 
 __all__ = ["Client", "parse_prometheus"]
 
@@ -35,7 +35,7 @@ class Client:
     """An async client for one server's native API.
 
     `one_prompt_per_request` tells the generate core which request shape the server takes: False,
-    batched requests (a list of prompts, a list of rids); True (a router, `rlgen._router`), one
+    batched requests (a list of prompts, a list of rids); True (a router, `rlgen.client._router`), one
     prompt per request with one rid.
 
     Args:

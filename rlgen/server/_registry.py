@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from ._paths import cache_dir
+from ..core._paths import cache_dir
 
 __all__ = [
     "ServerRecord",

@@ -7,7 +7,7 @@ what happens on Ctrl-C or a failing request: the in-flight rids are aborted on t
 samples that did finish are kept. Behind a router (a client with `one_prompt_per_request`), the
 same with one request per prompt. Knows nothing about processes or about the result's tensors.
 
-Runs on rlgen's background loop (`rlgen._loop`).
+Runs on rlgen's background loop (`rlgen.core._loop`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._client import Client
-from ._errors import RequestError, ServerRequestError
+from ._http import Client
+from ..core._errors import RequestError, ServerRequestError
 
 __all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "new_rid", "request_size", "run_generate"]
 
