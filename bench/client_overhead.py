@@ -38,7 +38,7 @@ import orjson
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # run from a checkout
 import _common as C  # this directory is on sys.path (the script's own, or scaling's)
 
-from rlgen.rollouts._rollouts import rollouts_from_responses
+from rlgen.rollouts import rollouts_from_responses
 
 
 def make_body(rows: int, tokens: int, n: int, top_k: int, seed: int = 0) -> tuple[bytes, list[list[int]]]:

@@ -66,9 +66,9 @@ from typing import Any, NamedTuple
 
 import _common as C
 
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
-from rlgen.rewards._exec import Call, Mode, Outcome, close_pools, run_calls
 from rlgen.rewards import math_verify_reward
+from rlgen.rewards._exec import Call, Mode, Outcome, close_pools, run_calls
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 
 TRIVIAL = ("inline", "fresh", "warm", "hang_fresh", "hang_warm", "calls_inline", "calls_warm")
 MATH = ("math_inline", "math_fresh", "math_warm", "math_one")

@@ -58,8 +58,8 @@ from typing import Any
 
 import _common as C
 
-from rlgen.server._process_tree import gpu_memory_mib
 from rlgen.server._log import LogFollower
+from rlgen.server._process_tree import gpu_memory_mib
 
 CONFIGS = ("sglang-defaults", "rlgen-fast_start", "rlgen-defaults")  # rlgen-defaults last: it stays up
 SIDE_BY_SIDE_REPEATS = 11  # 5 left the 2026-11-30 comparison undecided (rank test p 0.1-0.2); ~1 s each

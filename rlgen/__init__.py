@@ -10,9 +10,10 @@ Usage::
 
 from __future__ import annotations
 
+from ._version import __version__
 from .compare._ab import ABReport, ab
+from .compare._kl import LogprobShift, compare
 from .compare._logprobs import compare_logprobs
-from .engine._engine import Engine, EngineState
 from .core._errors import (
     EngineClosedError,
     EngineError,
@@ -26,14 +27,13 @@ from .core._errors import (
     ServerStartupTimeout,
     WorkerRequestError,
 )
-from .compare._kl import LogprobShift, compare
-from .server._models import DEFAULT_MODEL, resolve_model
 from .core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
-from .server._registry import list_servers
-from .rollouts._rollouts import Rollouts
-from .server._process import reap
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
-from ._version import __version__
+from .engine._engine import Engine, EngineState
+from .rollouts._rollouts import Rollouts
+from .server._models import DEFAULT_MODEL, resolve_model
+from .server._process import reap
+from .server._registry import list_servers
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -10,7 +10,7 @@ import pytest
 
 from rlgen.compare._ab import ABReport, ab
 from rlgen.rewards._group_stats import pass_at_k
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 
 
 def entry(length: int, finish: str) -> dict:

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 from rlgen.rollouts._browser import interactive_frontend
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 
 
 def entry(ids: list[int], *, finish: str = "stop", lps: list[float] | None = None, top: bool = True) -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import re
 
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 from rlgen.rollouts._display import engine_html, logprob_color, rollouts_html
 from rlgen.rollouts._response_arrays import failed_entry
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 from rlgen.rollouts._token_text import TokenText
 
 

@@ -15,8 +15,7 @@ import psutil
 import pytest
 
 import rlgen
-from rlgen.server import _keep_alive
-from rlgen.server import _registry
+from rlgen.server import _keep_alive, _registry
 
 pytestmark = pytest.mark.slow
 # The kernel-restart test also runs on real SGLang on the GPU machine (RLGEN_TEST_BACKEND=sglang);

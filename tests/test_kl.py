@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlgen.compare._kl import LogprobShift, compare, shift_color
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 
 NAN = float("nan")
 

@@ -7,7 +7,15 @@ import inspect
 import pytest
 
 import rlgen
-from rlgen.core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions, defaults, resolve, to_sglang
+from rlgen.core._options import (
+    GenerateOptions,
+    RewardOptions,
+    SamplingOptions,
+    StreamOptions,
+    defaults,
+    resolve,
+    to_sglang,
+)
 
 
 def test_defaults_map_to_sglang_names_with_an_explicit_temperature() -> None:

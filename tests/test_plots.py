@@ -22,8 +22,8 @@ from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from rlgen.rollouts import Rollouts, rollouts_from_responses  # noqa: E402
 from rlgen.rollouts._plots import FINISH_COLORS, ZERO_STD_COLOR, RolloutPlots  # noqa: E402
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses  # noqa: E402
 
 N_PROMPTS, N = 16, 8
 MAX_TOKENS = 512

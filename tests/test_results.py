@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlgen import compare_logprobs
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 from rlgen.rollouts._response_arrays import failed_entry
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
 
 PAD = 0
 

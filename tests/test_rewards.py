@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlgen.rollouts._rollouts import Rollouts, rollouts_from_responses
+from rlgen.rollouts import Rollouts, rollouts_from_responses
 
 ANSWERS = ["4", "7"]
 COMPLETIONS = ["4", "The answer is 4", "five", "", "7", "7", "8", "seven"]

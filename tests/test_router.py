@@ -51,7 +51,7 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "List 
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -115,11 +115,11 @@ class Fleet:
             f.name for f in dataclasses.fields(RouterArgs)} else []
         urls = []
         for flags in flag_sets:
-            port = _free_port()
+            port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
             self.start(urls[-1], [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                   "--port", str(port), "--worker-urls", *self.workers, "--policy", "round_robin",
-                                  *no_breaker, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
+                                  *no_breaker, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                                   "--log-level", "warn", *flags], f"router-{port}.log")
         for url in urls:
             def both_listed(url: str = url) -> bool:
@@ -138,7 +138,7 @@ def fleet(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     fleet = Fleet(workers=[], procs={}, log_dir=tmp_path_factory.mktemp("router"), env=env)
     try:
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             fleet.workers.append(f"http://127.0.0.1:{port}")
             fleet.start(fleet.workers[-1], [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path,
                                             "--port", str(port), "--enable-memory-saver"], f"worker{i}.log")

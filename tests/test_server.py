@@ -27,11 +27,10 @@ import psutil
 import pytest
 from _owner import read_line, spawn_owner
 
-from rlgen.server import _process_tree
-from rlgen.server import _registry
-from rlgen.server import _process as _server
-from rlgen.server import _log as _server_log
 from rlgen.core._errors import ServerDiedError, ServerStartupError, ServerStartupTimeout
+from rlgen.server import _log as _server_log
+from rlgen.server import _process as _server
+from rlgen.server import _process_tree, _registry
 from rlgen.server._process import PHASES, ServerState, launch_server
 
 pytestmark = pytest.mark.usefixtures("isolated")  # private cache dir; no process left behind
@@ -212,8 +211,8 @@ def test_port_grabbed_by_another_process_is_retried_on_a_fresh_port(monkeypatch:
     squatter.listen()
     taken = squatter.getsockname()[1]
     picks = iter([taken, taken])
-    real_free_port = _server._free_port
-    monkeypatch.setattr(_server, "_free_port", lambda host: next(picks, None) or real_free_port(host))
+    real_free_port = _server.free_port
+    monkeypatch.setattr(_server, "free_port", lambda host: next(picks, None) or real_free_port(host))
     try:
         with launch_server(stand_in(), startup_timeout=20) as server:
             assert server.port != taken
@@ -231,7 +230,7 @@ def test_port_clash_on_every_retry_gives_up_with_the_port_hint(monkeypatch: pyte
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        monkeypatch.setattr(_server, "_free_port", lambda host: taken)
+        monkeypatch.setattr(_server, "free_port", lambda host: taken)
         with pytest.raises(ServerStartupError) as info:
             launch_server(stand_in(), startup_timeout=20)
     assert "already in use" in info.value.hint and info.value.exit_code == 1

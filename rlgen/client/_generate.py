@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._http import Client
 from ..core._errors import RequestError, ServerRequestError
+from ._http import Client
 
 __all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "new_rid", "request_size", "run_generate"]
 

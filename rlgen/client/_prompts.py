@@ -169,5 +169,6 @@ def prompt_data(data: Any, n_prompts: int, *, reserved: Sequence[str]) -> dict[s
             raise TypeError(f"data's column names must be strings, got {name!r}")
     clash = sorted(set(columns) & set(reserved))
     if clash:
-        raise ValueError(f"data's columns {clash} would replace rlgen's own; rename them (e.g. 'gold_{clash[0]}')")
+        raise ValueError(f"data's columns {clash} would replace rlgen's own; rename them (e.g. 'gold_{clash[0]}'). "
+                         f"Names rlgen writes itself: {', '.join(reserved)}")
     return columns

@@ -25,8 +25,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from ._http import Client
 from ..core._errors import RequestError, ServerRequestError, WorkerRequestError
+from ._http import Client
 
 __all__ = ["RouterClient", "Worker", "is_router", "parse_workers"]
 

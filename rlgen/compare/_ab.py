@@ -191,12 +191,12 @@ class ABReport:
         """A forest plot: one panel per metric (each on its own scale) with the difference B - A as a
         point, its interval as a bar and a dashed line at 0; returns the Figure (matplotlib, imported
         now: `pip install 'rlgen[plots]'`)."""
-        from ..rollouts._plots import _classes, _matplotlib
+        from ..rollouts._figures import figure_classes, require_matplotlib
 
-        _matplotlib()
+        require_matplotlib()
         import matplotlib as mpl
 
-        figure_class, axes_class = _classes()
+        figure_class, axes_class = figure_classes()
         la, lb = self.labels
         n = max(1, len(self.df))
         width = float(mpl.rcParams["figure.figsize"][0])

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._logprobs import not_comparable_reason
 from ..rollouts._display import VIEW_STYLE, clip_text, last_user_message, logprob_color, piece_html, token_pieces
+from ._logprobs import not_comparable_reason
 
 if TYPE_CHECKING:
     import pandas as pd

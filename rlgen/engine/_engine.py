@@ -26,28 +26,27 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from ..server import _keep_alive
-from ..core import _loop
-from ..core import _options
-from ..server import _replicas
 from ..client import _router
-from ..server import _info as _server_info
-from ..client._http import Client, parse_prometheus
-from ..core._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
 from ..client._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
-from ..server._models import resolve_model
-from ..core._options import GenerateOptions, StreamOptions, takes_options
+from ..client._http import Client, parse_prometheus
 from ..client._prompts import PromptBatch, normalize_prompts, prompt_data
-from ..server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, redacted, server_argv
-from ..rollouts._token_text import TokenText
+from ..core import _loop, _options
+from ..core._columns import RESERVED_DATA_NAMES
+from ..core._errors import EngineClosedError, EngineError, RequestError, ServerRequestError
+from ..core._options import GenerateOptions, StreamOptions, takes_options
 from ..core._types import Prompt, Prompts
+from ..rollouts._token_text import TokenText
+from ..server import _info as _server_info
+from ..server import _keep_alive, _replicas
+from ..server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, redacted, server_argv
+from ..server._models import resolve_model
 from ..server._weights import WeightsHash
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..compare._logprobs import LogprobCheck
     from ..client._completion_cache import CompletionCache
+    from ..compare._logprobs import LogprobCheck
     from ..core._progress import ProgressLine
     from ..rollouts._rollouts import Rollouts
     from ..server._process import ServerProcess
@@ -511,8 +510,8 @@ class Engine:
         weights, KV cache, CUDA graphs in GB, as read when the Engine connected). The driver's
         counts are None where it lists none of the processes (CPU machines, some containers).
         """
-        from ..server._process_tree import gpu_memory_per_gpu
         from .._version import __version__
+        from ..server._process_tree import gpu_memory_per_gpu
 
         server, kept = self._server, self._kept
         # Where the server is: one this Engine owns, a kept one it shares, or none (connect()).
@@ -675,7 +674,7 @@ class Engine:
         max_in_flight = opts["max_in_flight"]
         if max_in_flight is None:
             max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), chunk_size, opts["n"])
-        batch.data = prompt_data(opts["data"], len(batch), reserved=_reserved_columns())
+        batch.data = prompt_data(opts["data"], len(batch), reserved=RESERVED_DATA_NAMES)
         job = GenerateJob(
             prompt_ids=batch.ids, sampling=_options.to_sglang(opts), n=opts["n"], logprobs=opts["logprobs"],
             top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=chunk_size,
@@ -744,8 +743,8 @@ class Engine:
         return ProgressLine(label, total=job.n_samples, unit=unit, show=self._progress if progress is None else progress)
 
     def _rollouts(self, call: _Call, *, failed: bool = False) -> Rollouts:
+        from ..rollouts._build import rollouts_from_responses
         from ..rollouts._response_arrays import failed_entry
-        from ..rollouts._rollouts import rollouts_from_responses
 
         job, batch, n = call.job, call.batch, call.job.n
         sent: list[dict[str, Any] | None] = list(job.results) or [None] * job.n_samples
@@ -827,7 +826,8 @@ class Engine:
         model's log-probabilities of them from raw logits (temperature 1, no top-p/top-k);
         finish_reason is "score".
         """
-        from ..rollouts._rollouts import Rollouts, rollouts_from_responses
+        from ..rollouts._build import rollouts_from_responses
+        from ..rollouts._rollouts import Rollouts
 
         if isinstance(prompts, Rollouts):
             if completions is not None:
@@ -850,7 +850,7 @@ class Engine:
 
     def _score_rollouts(self, rollouts: Rollouts, *, progress: bool | None) -> Rollouts:
         """`score(res)`: every row's prompt + response ids; a row without response tokens stays empty."""
-        from ..rollouts._rollouts import rollouts_from_responses
+        from ..rollouts._build import rollouts_from_responses
 
         if len(rollouts) == 0:
             raise ValueError("the rollouts have no rows to re-score")
@@ -1158,13 +1158,6 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         return AutoTokenizer.from_pretrained(str(tokenizer))
     except (OSError, ValueError) as err:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
-
-
-def _reserved_columns() -> tuple[str, ...]:
-    """Columns generate() fills itself, which per-prompt data may not replace."""
-    from ..rollouts._rollouts import CLIENT_COLUMNS, COLUMNS
-
-    return (*COLUMNS, *CLIENT_COLUMNS)
 
 
 def _pad_id(tokenizer: Any) -> int:

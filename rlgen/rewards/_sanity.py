@@ -2,9 +2,9 @@
 
 Owns: building, from per-case data with a ground truth, the completions whose rewards are known in
 advance (the oracle answer, an empty completion, garbage), scoring them with the user's function
-through `Rollouts.add_rewards` (so it runs exactly as it will on real rollouts: same style
-detection, same worker processes), and the table of checks. Knows nothing about servers or
-models: no generation happens.
+through the same scoring code as `Rollouts.add_rewards` (`_scoring.rewards_columns`: same style
+detection, same worker processes), and the table of checks. Knows nothing about servers, models
+or the result object: no generation happens, and the rows are built here as columns.
 
 The checks, per case:
 - "oracle scores highest": the oracle completion's reward is finite, not below any other, and
@@ -21,6 +21,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,14 +112,17 @@ def sanity_check(
     import pandas as pd
 
     from ..client._prompts import prompt_data
-    from ..rollouts._rollouts import COLUMNS, rollouts_from_responses
+    from ..core._columns import RESERVED_DATA_NAMES
+    from ..core._options import RewardOptions, resolve
+    from ._scoring import rewards_columns
+    from ._styles import RowBatch
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 2:
         raise ValueError(f"repeats must be an int >= 2 (to compare repeated calls), got {repeats!r}")
     if isinstance(garbage, str) or not all(isinstance(g, str) for g in garbage):
         raise TypeError("garbage must be a list of strings")
     n_cases = _count_rows(data)
-    cols = prompt_data(data, n_cases, reserved=[c for c in COLUMNS if c != "prompt"])
+    cols = prompt_data(data, n_cases, reserved=[c for c in RESERVED_DATA_NAMES if c != "prompt"])
     prompt_texts = cols.pop("prompt", None) or cols.get("question")
     rows = [{c: v[i] for c, v in cols.items()} for i in range(n_cases)]
     if callable(oracle):
@@ -130,24 +135,30 @@ def sanity_check(
     kinds = ["oracle"] * repeats + ["empty"] + [f"garbage {j + 1}" for j in range(len(garbage))]
     texts = [[o] * repeats + ["", *garbage] for o in oracles]
     per_case = len(kinds)
-    entries = [{"text": t, "output_ids": [], "meta_info": {"finish_reason": {"type": "stop"}}}
-               for case in texts for t in case]
-    res = rollouts_from_responses(entries, prompt_ids=[[0]] * n_cases, n=per_case, pad_token_id=0,
-                                  prompt_texts=[None if prompt_texts is None else str(p) for p in prompt_texts]
-                                  if prompt_texts is not None else None, model="sanity_check")
-    extra = {c: [v for v in values for _ in range(per_case)] for c, values in cols.items()}
+    n_rows = n_cases * per_case
+    row_cols: dict[str, list[Any]] = {
+        "prompt_index": [c for c in range(n_cases) for _ in kinds],
+        "sample_index": list(range(per_case)) * n_cases,
+        "prompt": [None if prompt_texts is None else str(prompt_texts[c]) for c in range(n_cases) for _ in kinds],
+        "completion": [t for case in texts for t in case],
+        "finish_reason": ["stop"] * n_rows,
+        "completion_tokens": [0] * n_rows,
+    }
+    row_cols.update({c: [v for v in values for _ in range(per_case)] for c, values in cols.items()})
     if prompts is not None:
         if isinstance(prompts, str) or len(prompts) != n_cases:
             raise ValueError(f"give one prompt (chat) per case: {n_cases} cases")
-        extra["prompt_messages"] = [list(p) for p in prompts for _ in range(per_case)]
-    res = res.with_columns(extra)
+        row_cols["prompt_messages"] = [list(p) for p in prompts for _ in range(per_case)]
+    batch = RowBatch(columns=row_cols, completion_ids=[[] for _ in range(n_rows)], prompt_ids=[[0]] * n_rows,
+                     data_columns=list(cols), chats=row_cols.get("prompt_messages"))
     label = name or getattr(fn, "__name__", None) or "reward"
     label = label if label.isidentifier() else "reward"
-    scored = res.add_rewards({label: fn}, style=style, columns=columns, mode=mode,
-                             timeout=timeout, progress=False)
-    values = scored.df[f"reward_{label}"].to_numpy(dtype=float)
-    status = scored.df[f"reward_{label}_status"].astype(str).tolist()
-    errors = scored.df[f"reward_{label}_error"].tolist()
+    options = resolve(RewardOptions, {"style": style, "columns": columns, "mode": mode, "timeout": timeout,
+                                      "progress": False})
+    scored, _ = rewards_columns(batch, np.asarray(row_cols["prompt_index"]), {label: fn}, options)
+    values = np.asarray(scored[f"reward_{label}"], dtype=float)
+    status = [str(x) for x in scored[f"reward_{label}_status"]]
+    errors = list(scored[f"reward_{label}_error"])
     table_rows: list[dict[str, Any]] = []
     for case in range(n_cases):
         at = slice(case * per_case, (case + 1) * per_case)

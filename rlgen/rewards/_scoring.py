@@ -5,8 +5,8 @@ columns, timeout); running each function over every row through `_reward_exec` (
 threads or inline) in the style `_reward_styles` recognised; the per-function columns (value,
 status, error, traceback, seconds, a dict return's extra keys); the combined `reward`; and the
 group columns (`group_mean`, `group_std`, `group_zero_std`, `advantage`) from `_group_stats`.
-Knows nothing about servers, tensors or display: it reads a Rollouts through its public API and
-returns the new columns.
+Knows nothing about servers, tensors, display or the result object: it takes the rows as a
+`RowBatch` (columns and token ids) with one group key per row, and returns the new columns.
 
 Columns, per function `<name>`:
   reward_<name>            float, NaN unless the row's status is "ok"
@@ -27,25 +27,21 @@ import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from . import _group_stats
+from ..core._columns import GROUP_COLUMNS
 from . import _exec as _reward_exec
+from . import _group_stats
 from . import _styles as _reward_styles
 from ._styles import STYLES, RowBatch, Style
 
-if TYPE_CHECKING:
-    from ..rollouts._rollouts import Rollouts
-
-__all__ = ["GROUP_COLUMNS", "RewardFunctions", "count_functions", "group_keys", "rewards_columns", "warn_notes"]
+__all__ = ["RewardFunctions", "count_functions", "rewards_columns", "warn_notes"]
 
 RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
 Mode = Literal["process", "thread", "inline"]  # checked by _options.RewardOptions
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Columns rlgen writes for each prompt group; a second add_rewards call replaces them.
-GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
 
 
 @dataclass(frozen=True)
@@ -56,22 +52,22 @@ class _Function:
     weight: float
 
 
-def rewards_columns(res: Rollouts, funcs: RewardFunctions, options: Mapping[str, Any], *,
+def rewards_columns(rows: RowBatch, groups: np.ndarray, funcs: RewardFunctions, options: Mapping[str, Any], *,
                     on_progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], list[str]]:
-    """The columns `res.add_rewards(funcs, **options)` adds, and warnings to show (see the module
-    docstring). `options`: add_rewards' options, resolved (`_options.RewardOptions`)."""
+    """The columns `res.add_rewards(funcs, **options)` adds to `rows`, and warnings to show (see the
+    module docstring). `groups`: one prompt-group key per row. `options`: add_rewards' options,
+    resolved (`core._options.RewardOptions`)."""
     weights, style, columns = options["weights"], options["style"], options["columns"]
     mode, timeout, workers = options["mode"], options["timeout"], options["workers"]
     batch_size, advantage, eps = options["batch_size"], options["advantage"], options["eps"]
     functions = _resolve(funcs, weights=weights, style=style)
     if columns is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):
         raise TypeError("columns must map a function's parameter name to a column name, e.g. {'ground_truth': 'answer'}")
-    df = res.df
-    taken = [f"reward_{f.name}" for f in functions if f"reward_{f.name}" in df.columns]
+    existing = set(rows.columns)
+    taken = [f"reward_{f.name}" for f in functions if f"reward_{f.name}" in existing]
     if taken:
         raise ValueError(f"the rollouts already have {taken}; score into new names (pass a dict {{'name': fn}}) "
                          "or drop those columns first")
-    rows = _row_batch(res)
     # Build every function's calls before running any, so a missing column fails at once.
     plans = [(f, _reward_styles.build_calls(f.fn, f.style, rows, columns=columns or {}, batch_size=batch_size))
              for f in functions]
@@ -91,14 +87,13 @@ def rewards_columns(res: Rollouts, funcs: RewardFunctions, options: Mapping[str,
                 values.append((g.weight, np.full(len(rows), np.nan)))
             break
     total = _weighted_sum(values)
-    groups = group_keys(df)
     stats = _group_stats.group_arrays(total, groups)
     out["reward"] = total
     out["group_mean"] = stats.mean
     out["group_std"] = stats.std
     out["group_zero_std"] = stats.zero_std
     out["advantage"] = _group_stats.advantages(total, groups, method=advantage, eps=eps)
-    replaced = [c for c in GROUP_COLUMNS if c in df.columns]
+    replaced = [c for c in GROUP_COLUMNS if c in existing]
     if replaced:
         notes.append(f"replaced {replaced}: 'reward' sums this call's functions only")
     return out, notes
@@ -107,13 +102,6 @@ def rewards_columns(res: Rollouts, funcs: RewardFunctions, options: Mapping[str,
 def count_functions(funcs: RewardFunctions) -> int:
     """How many reward functions `funcs` names (1 for a single function)."""
     return len(funcs) if isinstance(funcs, (list, tuple, Mapping)) else 1
-
-
-def group_keys(df: Any) -> np.ndarray:
-    """One group id per row: the prompt, within its run when the rollouts carry a `run` column."""
-    if "run" in df.columns:
-        return np.asarray([f"{run}\x00{p}" for run, p in zip(df["run"], df["prompt_index"])], dtype=object)
-    return np.asarray(df["prompt_index"])
 
 
 def _resolve(funcs: RewardFunctions, *, weights: Mapping[str, float] | Sequence[float] | None,
@@ -181,23 +169,6 @@ def _styles(style: Style | Mapping[str, Style] | None, names: list[str]) -> dict
         if s not in STYLES:
             raise ValueError(f"unknown style {s!r} for {name!r}; styles are {', '.join(map(repr, STYLES))}")
     return forced
-
-
-def _row_batch(res: Rollouts) -> RowBatch:
-    df = res.df
-    columns = {c: df[c].tolist() for c in df.columns}
-    data_columns = [c for c in res.data_columns if not _is_reward_column(c)]
-    return RowBatch(
-        columns=columns,
-        completion_ids=res.id_lists("response"),
-        prompt_ids=res.id_lists("prompt"),
-        data_columns=data_columns,
-        chats=columns.get("prompt_messages"),
-    )
-
-
-def _is_reward_column(name: str) -> bool:
-    return name.startswith("reward_") or name in GROUP_COLUMNS
 
 
 def _run(f: _Function, calls: list[tuple[list[int], tuple[Any, ...], dict[str, Any]]], *, mode: Mode,

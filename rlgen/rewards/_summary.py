@@ -22,7 +22,7 @@ from . import _group_stats
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RewardSummary", "correct_mask", "group_table", "reward_functions", "summarize"]
+__all__ = ["RewardSummary", "correct_mask", "correlation", "group_table", "reward_functions", "summarize"]
 
 _STATUSES = ("ok", "none", "error", "timeout", "bad_return", "cancelled")
 
@@ -147,7 +147,7 @@ def summarize(df: pd.DataFrame, groups: np.ndarray) -> RewardSummary:
         unique_groups = ~pd.Series(groups).duplicated().to_numpy()
         scored = unique_groups & (stats.count >= 2)
         row["frac_zero_std_groups"] = float(stats.zero_std[scored].mean()) if scored.any() else math.nan
-        row["corr_length"] = _corr(values, lengths)
+        row["corr_length"] = correlation(values, lengths)
         by_finish = {f: float(np.nanmean(values[finish == f])) for f in ("stop", "length")
                      if np.isfinite(values[finish == f]).any()}
         row["mean_if_stop"] = by_finish.get("stop", math.nan)
@@ -157,7 +157,7 @@ def summarize(df: pd.DataFrame, groups: np.ndarray) -> RewardSummary:
     return RewardSummary(pd.DataFrame(rows).set_index("function"), flags)
 
 
-def _corr(x: np.ndarray, y: np.ndarray) -> float:
+def correlation(x: np.ndarray, y: np.ndarray) -> float:
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 3 or np.std(x[ok]) == 0 or np.std(y[ok]) == 0:
         return math.nan

@@ -22,7 +22,7 @@ import numpy as np
 from ._display import alternative_texts, completion_html, rollouts_html, token_pieces
 
 if TYPE_CHECKING:
-    from ._rollouts import Rollouts
+    from ._protocol import RolloutsView
 
 __all__ = ["RolloutBrowser", "interactive_frontend", "sample_html"]
 
@@ -39,7 +39,7 @@ class RolloutBrowser:
     groups with matching rows) and `sample` (position among the group's matching rows).
     """
 
-    def __init__(self, rollouts: Rollouts, *, reward: str = "reward", widgets: bool | None = None) -> None:
+    def __init__(self, rollouts: RolloutsView, *, reward: str = "reward", widgets: bool | None = None) -> None:
         if widgets is not None and not isinstance(widgets, bool):
             raise TypeError(f"widgets must be True, False or None (auto), got {widgets!r}")
         self.rollouts = rollouts
@@ -242,7 +242,7 @@ def interactive_frontend(environ: Mapping[str, str] | None = None, user_ns: Mapp
     return "__vsc_ipynb_file__" in user_ns
 
 
-def sample_html(r: Rollouts, i: int, *, position: int = 0) -> str:
+def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
     """One sample in full: its token heatmap, then its least likely tokens with the alternatives."""
     row = r.df.iloc[i]
     title = (f"sample {row['sample_index']} (row {row['row_id']}) · {row['finish_reason']} · "
@@ -254,7 +254,7 @@ def sample_html(r: Rollouts, i: int, *, position: int = 0) -> str:
     )
 
 
-def _surprises_html(r: Rollouts, i: int) -> str:
+def _surprises_html(r: RolloutsView, i: int) -> str:
     """The sample's least likely tokens: where it went somewhere the model did not expect."""
     tok = r.tokens(i)
     lps = tok["logprobs"]

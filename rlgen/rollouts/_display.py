@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._rollouts import Rollouts
+    from ._protocol import RolloutsView
 
 __all__ = [
     "VIEW_STYLE",
@@ -39,12 +39,12 @@ __all__ = [
 # text summary
 
 
-def _finish_counts(r: Rollouts) -> list[tuple[str, int]]:
+def _finish_counts(r: RolloutsView) -> list[tuple[str, int]]:
     counts = r.df["finish_reason"].value_counts(sort=False)
     return sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: (-kv[1], kv[0]))
 
 
-def _shape_text(r: Rollouts) -> str:
+def _shape_text(r: RolloutsView) -> str:
     n = len(r)
     per_prompt = r.df["prompt_index"].value_counts()
     text = f"{n} row{'s' if n != 1 else ''}"
@@ -55,7 +55,7 @@ def _shape_text(r: Rollouts) -> str:
     return text
 
 
-def short_repr(r: Rollouts) -> str:
+def short_repr(r: RolloutsView) -> str:
     """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`."""
     parts = [_shape_text(r), f"{r.n_tokens} tokens"]
     finish = _finish_counts(r)
@@ -110,7 +110,7 @@ def _fmt(value: Any, limit: int = 60) -> str:
     return clip_text(value, limit)
 
 
-def _safe_decode(r: Rollouts, ids: list[int]) -> list[str] | None:
+def _safe_decode(r: RolloutsView, ids: list[int]) -> list[str] | None:
     """`r.decode(ids)` if it gives one piece per id, else None: a repr must never raise."""
     if r.decode is None or not ids:
         return None
@@ -121,7 +121,7 @@ def _safe_decode(r: Rollouts, ids: list[int]) -> list[str] | None:
     return decoded if len(decoded) == len(ids) else None
 
 
-def token_pieces(r: Rollouts, ids: list[int], texts: list[str | None] | None) -> list[str] | None:
+def token_pieces(r: RolloutsView, ids: list[int], texts: list[str | None] | None) -> list[str] | None:
     """Per-token text: the server's token texts, else `r.decode(ids)`, else None (show ids)."""
     if texts is not None:
         return ["" if t is None else str(t) for t in texts]
@@ -152,7 +152,7 @@ def piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
     return html.escape(text)
 
 
-def alternative_texts(r: Rollouts, top_ids: Any) -> dict[int, str]:
+def alternative_texts(r: RolloutsView, top_ids: Any) -> dict[int, str]:
     """Text of each top-k alternative id (decoded alone), for hover titles; {} without decode."""
     unique = sorted({int(a) for row in top_ids for a in row})
     texts: dict[int, str] = {}
@@ -170,7 +170,7 @@ _TAIL_STYLE = "color:#666;background:#f3f3f3;border:1px dashed #aaa;border-radiu
 _BOUNDARY = '<span title="prompt | response" style="color:#c33;font-weight:bold">│</span>'
 
 
-def _prompt_tail_html(r: Rollouts, i: int) -> str:
+def _prompt_tail_html(r: RolloutsView, i: int) -> str:
     """The prompt's last few tokens, grey and dashed (not part of the response), then "│"."""
     # One row's prompt only: the whole result's lists would cost O(rows) per drawn row.
     ids = [int(t) for t in r[[i]].id_lists("prompt")[0][-_PROMPT_TAIL:]] if len(r) else []
@@ -185,7 +185,7 @@ def _prompt_tail_html(r: Rollouts, i: int) -> str:
     return '<span style="color:#888">…</span>' + "".join(spans) + _BOUNDARY
 
 
-def completion_html(r: Rollouts, i: int, *, max_tokens: int) -> str:
+def completion_html(r: RolloutsView, i: int, *, max_tokens: int) -> str:
     """Row i's response as a token heatmap after the prompt's last tokens (see rollouts_html)."""
     tok = r.tokens(i)
     ids = [int(t) for t in tok["ids"][:max_tokens]]
@@ -280,7 +280,7 @@ _HIDDEN = ("prompt_messages", "group_mean", "group_std", "group_zero_std", "rewa
 _MAX_DATA_COLUMNS = 4
 
 
-def _view_columns(r: Rollouts) -> tuple[list[str], list[str]]:
+def _view_columns(r: RolloutsView) -> tuple[list[str], list[str]]:
     """(columns shown before the completion, columns left out) among the extra ones."""
     extra = [c for c in r.extra_columns if c not in _HIDDEN and not c.endswith(_HIDDEN_SUFFIXES)]
     rewards = [c for c in extra if c.startswith("reward_")]
@@ -301,7 +301,7 @@ def _groups(df: Any) -> list[int]:
     return spans
 
 
-def _mask_note(r: Rollouts, shown: Any) -> str:
+def _mask_note(r: RolloutsView, shown: Any) -> str:
     """What the colours cover, and the pad = EOS trap when a shown response ends with the pad id."""
     text = ("Coloured tokens are the response: response_ids where response_mask is 1 (the EOS included); "
             "the dashed grey tokens before │ are the prompt's last tokens.")
@@ -313,7 +313,7 @@ def _mask_note(r: Rollouts, shown: Any) -> str:
     return f'<div style="color:#666;font-size:90%;margin-bottom:4px">{html.escape(text)}</div>'
 
 
-def record_note(r: Rollouts) -> str:
+def record_note(r: RolloutsView) -> str:
     """One grey line on what made the result (`Rollouts.record`): server, weights, version, seed,
     time and cache hits, with the whole record under "record"; "" when no run has one."""
     import json
@@ -346,7 +346,7 @@ def record_note(r: Rollouts) -> str:
             f'<pre style="font-size:85%;max-height:240px;overflow:auto">{html.escape(full)}</pre></details></div>')
 
 
-def _decode_note(r: Rollouts) -> str:
+def _decode_note(r: RolloutsView) -> str:
     error = getattr(r.decode, "error", None)
     if not isinstance(error, str):
         return ""
@@ -373,7 +373,7 @@ VIEW_STYLE = (
 )
 
 
-def rollouts_html(r: Rollouts, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200) -> str:
+def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200) -> str:
     """An HTML view of `r`: a header line, then the first `max_rows` rows, a row per sample.
 
     Each prompt group shows its prompt once (the last user message; the full prompt under "full

@@ -21,20 +21,28 @@ scored the same, so their GRPO advantage is 0).
 
 from __future__ import annotations
 
-import functools
-import io
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._figures import (
+    legend,
+    new_axes,
+    nothing_scored,
+    panels,
+    require_matplotlib,
+    root_figure,
+    user_axes,
+)
+
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ._rollouts import Rollouts
+    from ._protocol import RolloutsView
 
 __all__ = ["FINISH_COLORS", "ZERO_STD_COLOR", "RolloutPlots"]
 
@@ -49,7 +57,6 @@ _MAX_CATEGORIES = len(_CATEGORY_COLORS)
 _MAX_DISCRETE = 10           # at most this many distinct values (each repeated): drawn as bars at the values
 _MAX_BINS = 60
 _MAX_GROUP_LABELS = 40       # more prompt groups than this: the x axis shows ranks, not prompt indices
-_INSTALL = "plotting needs matplotlib: pip install 'rlgen[plots]'"
 
 
 class RolloutPlots:
@@ -59,7 +66,7 @@ class RolloutPlots:
     returns the `Figure` (one panel per reward function). In Jupyter the result shows itself.
     """
 
-    def __init__(self, res: Rollouts) -> None:
+    def __init__(self, res: RolloutsView) -> None:
         self._res = res
 
     def __repr__(self) -> str:
@@ -87,15 +94,15 @@ class RolloutPlots:
         Rows whose reward is NaN (not scored: none, error, timeout...) are counted in each panel's
         title, not drawn.
         """
-        _matplotlib()
+        require_matplotlib()
         df = self._res.df
         columns = _reward_columns(df, funcs)
         labels, order, colors = _split(df, by)
         if ax is None:
-            fig, axes = _panels(len(columns))
+            fig, axes = panels(len(columns))
         else:
-            axes = _user_axes(ax, len(columns))
-            fig = _root_figure(axes[0])
+            axes = user_axes(ax, len(columns))
+            fig = root_figure(axes[0])
         for column, panel in zip(columns, axes):
             values = df[column].to_numpy(dtype=np.float64)
             ok = np.isfinite(values)
@@ -107,7 +114,7 @@ class RolloutPlots:
                 edges = _edges(values[ok], "auto" if isinstance(bins, str) and bins == "auto" else bins)
                 _stacked_hist(panel, edges, groups, order, colors)
             else:
-                _nothing_scored(panel)
+                nothing_scored(panel)
             name = "reward (combined)" if column == "reward" else column[len("reward_"):]
             panel.set_title(f"{name}\n{_scored_note(df, column)}", fontsize="medium")
             panel.set_xlabel(f"{column} value")
@@ -123,7 +130,7 @@ class RolloutPlots:
                 fig.legend(handles=handles, title=by, loc="outside right upper", fontsize="small", title_fontsize="small",
                            frameon=False)
             else:
-                _legend(axes[-1], handles=handles, title=by)
+                legend(axes[-1], handles=handles, title=by)
         if ax is None and len(columns) > 1:
             fig.suptitle("reward values by function", fontsize="large")
         return fig
@@ -137,11 +144,11 @@ class RolloutPlots:
         points do not hide each other (the y axis says so); rows with a NaN reward are counted in
         the title, not drawn.
         """
-        _matplotlib()
+        require_matplotlib()
         df = self._res.df
         _require(df, reward)
         _require(df, "completion_tokens")
-        out = _new_axes(ax)
+        out = new_axes(ax)
         y = df[reward].to_numpy(dtype=np.float64)
         x = df["completion_tokens"].to_numpy(dtype=np.float64)
         ok = np.isfinite(y) & np.isfinite(x)
@@ -159,17 +166,17 @@ class RolloutPlots:
                             label=f"{c} ({int(rows.sum())})")
         if uniq is not None and len(uniq) <= _MAX_DISCRETE and _min_gap(uniq) >= _span(uniq) / 12:
             out.set_yticks(uniq, [f"{v:.3g}" for v in uniq])
-        from ..rewards._summary import _corr
+        from ..rewards._summary import correlation
 
-        r = _corr(y, x)
+        r = correlation(y, x)
         corr = f"Pearson r = {r:.2f}" if math.isfinite(r) else "r undefined (constant, or under 3 rows)"
         out.set_title(f"{reward} vs completion length: {corr}\n{_scored_note(df, reward)}", fontsize="medium")
         out.set_xlabel("completion tokens")
         out.set_ylabel(f"{reward} (jittered)" if uniq is not None else reward)
         if ok.any():
-            _legend(out, title="finish_reason", markerscale=1.5)
+            legend(out, title="finish_reason", markerscale=1.5)
         else:
-            _nothing_scored(out)
+            nothing_scored(out)
         return out
 
     # -- 3. prompt groups --------------------------------------------------------------------------
@@ -186,15 +193,15 @@ class RolloutPlots:
         The x axis names each group by its prompt_index (run/prompt_index after a concat with a
         `run` column), or by rank when there are many groups.
         """
-        _matplotlib()
+        require_matplotlib()
         import pandas as pd
 
         from ..rewards import _group_stats
-        from ..rewards._scoring import group_keys
+        from ._groups import group_keys
 
         df = self._res.df
         _require(df, reward)
-        out = _new_axes(ax)
+        out = new_axes(ax)
         keys = group_keys(df)
         r = df[reward].to_numpy(dtype=np.float64)
         stats = _group_stats.group_arrays(r, keys)
@@ -253,9 +260,9 @@ class RolloutPlots:
         out.set_title(f"{reward} by prompt group: {int(zero.sum())} of {n_groups} groups have zero variance\n{note}",
                       fontsize="medium")
         if ok.any():
-            _legend(out, markerscale=1.5)
+            legend(out, markerscale=1.5)
         else:
-            _nothing_scored(out)
+            nothing_scored(out)
         return out
 
     # -- 4. advantages -----------------------------------------------------------------------------
@@ -272,10 +279,10 @@ class RolloutPlots:
         of their own, counted in the title; the other rows are stacked by `by` (default the finish
         reason; None: no split). `bins`: numpy's bin count, edges or rule; one bin is centred on 0.
         """
-        _matplotlib()
+        require_matplotlib()
         df = self._res.df
         _require(df, "advantage")
-        out = _new_axes(ax)
+        out = new_axes(ax)
         adv = df["advantage"].to_numpy(dtype=np.float64)
         ok = np.isfinite(adv)
         if "group_zero_std" in df.columns:
@@ -289,7 +296,7 @@ class RolloutPlots:
         out.set_xlabel("advantage")
         out.set_ylabel("rows")
         if not ok.any():
-            _nothing_scored(out)
+            nothing_scored(out)
             out.set_title(f"advantage\n{_scored_note(df, 'advantage')}", fontsize="medium")
             return out
         edges = _edges(adv[ok], bins, centre_zero=True)
@@ -312,7 +319,7 @@ class RolloutPlots:
         handles = [Patch(color=colors[c], label=f"{c} ({int((drawn & (labels == c)).sum())})") for c in order
                    if by is not None and (drawn & (labels == c)).any()]
         handles.append(Patch(color=ZERO_STD_COLOR, label=f"zero-variance group ({n_zero})"))
-        _legend(out, handles=handles, title=by)
+        legend(out, handles=handles, title=by)
         return out
 
     # -- 5. pass@k ---------------------------------------------------------------------------------
@@ -335,8 +342,8 @@ class RolloutPlots:
             threshold: see `correct`.
             ax: axes to draw into.
         """
-        _matplotlib()
-        from ..rewards._scoring import group_keys
+        require_matplotlib()
+        from ._groups import group_keys
 
         df = self._res.df
         _require(df, correct)
@@ -349,7 +356,7 @@ class RolloutPlots:
         if too_big:
             raise ValueError(f"k = {too_big[0]} is more than the {n_max} samples per prompt")
         values = self._res.pass_at_k(ks, correct=correct, threshold=threshold).to_numpy(dtype=np.float64)
-        out = _new_axes(ax)
+        out = new_axes(ax)
         out.plot(ks, values, marker="o", color="tab:green", linewidth=1.5)
         out.set_xscale("log", base=2)
         from matplotlib.ticker import FuncFormatter, NullLocator
@@ -376,108 +383,6 @@ class RolloutPlots:
         note = shape + (f"; {unscored} rows not scored count as wrong" if unscored else "")
         out.set_title(f"pass@k, correct: {rule}\n{note}", fontsize="medium")
         return out
-
-
-# -- matplotlib, figures and axes ------------------------------------------------------------------
-def _matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as e:
-        raise ImportError(_INSTALL) from e
-
-
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
-
-
-@functools.cache
-def _classes() -> tuple[type[Figure], type[Axes]]:
-    """A Figure and an Axes that show themselves as PNG in Jupyter (plain matplotlib otherwise)."""
-    from matplotlib.axes import Axes as _Axes
-    from matplotlib.figure import Figure as _Figure
-
-    class Figure(_Figure):  # named as matplotlib's, so reprs read as usual
-        def _repr_png_(self) -> bytes:
-            return _png(self)
-
-    class Axes(_Axes):
-        def _repr_png_(self) -> bytes:
-            return _png(_root_figure(self))
-
-    return Figure, Axes
-
-
-def _new_axes(ax: Axes | None) -> Axes:
-    if ax is not None:
-        return _user_axes(ax, 1)[0]
-    figure_class, axes_class = _classes()
-    fig = figure_class(layout="constrained")
-    return fig.add_subplot(axes_class=axes_class)
-
-
-def _panels(n: int) -> tuple[Figure, list[Axes]]:
-    """A new figure of n panels: one row up to 3, then rows of 2 (4) or 3."""
-    import matplotlib as mpl
-
-    figure_class, axes_class = _classes()
-    ncols = n if n <= 3 else 2 if n == 4 else 3
-    nrows = math.ceil(n / ncols)
-    width, height = (float(v) for v in mpl.rcParams["figure.figsize"])
-    size = (width, height) if n == 1 else (width * (1.5 if ncols == 2 else 2.0), height * 0.75 * nrows)
-    fig = figure_class(figsize=size, layout="constrained")
-    axes = [fig.add_subplot(nrows, ncols, i + 1, axes_class=axes_class) for i in range(n)]
-    return fig, axes
-
-
-def _user_axes(ax: Axes | Sequence[Axes], n: int) -> list[Axes]:
-    from matplotlib.axes import Axes as _Axes
-
-    axes = [ax] if isinstance(ax, _Axes) else list(ax) if isinstance(ax, Sequence) else [ax]
-    if not all(isinstance(a, _Axes) for a in axes):
-        raise TypeError(f"ax must be a matplotlib Axes (or one per panel), got {type(ax).__name__}")
-    if len(axes) != n:
-        raise ValueError(f"this plot has {n} panel(s) but ax gives {len(axes)} axes")
-    return axes
-
-
-def _root_figure(ax: Axes) -> Figure:
-    """The figure `ax` is drawn in (through any SubFigures)."""
-    from matplotlib.figure import Figure as _Figure
-
-    try:
-        fig: Any = ax.get_figure(root=True)
-    except TypeError:  # matplotlib < 3.10: no root=; a SubFigure's .figure is the figure it lives in
-        fig = ax.get_figure()
-        while fig is not None and not isinstance(fig, _Figure):
-            fig = fig.figure
-    if not isinstance(fig, _Figure):
-        raise ValueError("ax is not on a figure")
-    return fig
-
-
-def _nothing_scored(ax: Axes) -> None:
-    ax.text(0.5, 0.5, "no scored rows", ha="center", va="center", transform=ax.transAxes, color="0.4")
-
-
-def _legend(ax: Axes, *, handles: list[Any] | None = None, title: str | None = None,
-            markerscale: float = 1.0) -> None:
-    """A legend right of the axes, where it covers no data; inside them ("best" place) when other
-    axes share a figure without constrained layout, where it would cover its neighbour."""
-    from matplotlib.layout_engine import ConstrainedLayoutEngine
-
-    fig = _root_figure(ax)
-    room = len(fig.axes) == 1 or isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
-    kwargs: dict[str, Any] = {"fontsize": "small", "title": title, "title_fontsize": "small",
-                              "markerscale": markerscale}
-    if room:
-        kwargs.update(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
-    else:
-        kwargs.update(loc="best", framealpha=0.8)
-    if handles is not None:
-        kwargs["handles"] = handles
-    ax.legend(**kwargs)
 
 
 # -- columns ---------------------------------------------------------------------------------------
@@ -570,7 +475,7 @@ def _scored_note(df: pd.DataFrame, column: str) -> str:
 
 
 def _count_zero_groups(df: pd.DataFrame, zero_rows: np.ndarray) -> int:
-    from ..rewards._scoring import group_keys
+    from ._groups import group_keys
 
     return len(set(group_keys(df)[zero_rows].tolist()))
 

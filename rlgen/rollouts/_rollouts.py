@@ -12,38 +12,24 @@ Storage is ragged and flat (CSR-style: one flat numpy array per field plus row o
 construction, selection and concatenation are a few vectorised numpy calls, not Python loops over
 tokens. Padded tensors are built from it once, lazily, and cached.
 
-Tensor conventions (stated once, here; tests check each of them):
-
-- `prompt_ids` [N, P] int64, LEFT-padded with `pad_token_id`; `prompt_mask` [N, P] bool.
-- `response_ids` [N, R] int64, RIGHT-padded with `pad_token_id`; `response_mask` [N, R] bool.
-- `input_ids` = cat(prompt_ids, response_ids) [N, P+R] and `attention_mask` = cat(prompt_mask,
-  response_mask): response token j of row i sits at column P + j, so a training forward on
-  `input_ids` predicts it from the logits at column P + j - 1.
-- `logprobs` [N, R] float32: `logprobs[i, j]` is the logprob of `response_ids[i, j]`; 0.0 where
-  `response_mask` is False; NaN at real positions whose logprob the server did not return.
-- `lengths` [N] int64: response lengths (`response_mask.sum(1)`).
-- `top_logprobs` [N, R, k] float32 and `top_ids` [N, R, k] int64 (with `top_logprobs_num=k`):
-  0.0 / `pad_token_id` where masked.
-- `prompt_logprobs` [N, P] float32 (when the server returned `input_token_logprobs`): aligned with
-  `prompt_ids`; NaN where the server gave none (always the first prompt token), 0.0 on padding.
+Tensor conventions are stated once, in the class docstring's table; tests check each of them.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import uuid
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from typing_extensions import Unpack
 
-from ..core._options import RewardOptions, takes_options
-from ._parquet import read_parquet, write_parquet
+from ..core._columns import CLIENT_COLUMNS, COLUMNS
 from ..core._ragged import gather_rows, pad_rows, row_offsets
-from ._response_arrays import gc_paused, parse_responses
+from ._parquet import read_parquet, write_parquet
+from ._reward_methods import RewardMethods
+from ._runs import new_run_id, relabel_runs, text_series
+from ._tensor_properties import TensorProperties
 from ._token_text import TokenText
 
 if TYPE_CHECKING:
@@ -51,23 +37,9 @@ if TYPE_CHECKING:
     import torch
 
     from ._browser import RolloutBrowser
-    from ..rewards._group_stats import AdvantageMethod
     from ._plots import RolloutPlots
-    from ..rewards._summary import RewardSummary
-    from ..rewards._scoring import RewardFunctions
 
-__all__ = ["CLIENT_COLUMNS", "COLUMNS", "Rollouts", "rollouts_from_responses"]
-
-# Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
-# rewards) come after them.
-COLUMNS = (
-    "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "matched_stop",
-    "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
-    "request_latency_s", "weight_version", "rid", "error", "run", "row_id",
-)  # fmt: skip
-# Columns the client adds where they apply (streaming timings; a chat prompt's messages): rlgen's
-# own, like COLUMNS, but not every result has them. The rest of the extra columns are the user's.
-CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages")
+__all__ = ["Rollouts"]
 
 # Optional flat per-token fields, and the attribute each lives in.
 _FIELDS = ("logprobs", "top_logprobs", "top_ids", "token_texts", "prompt_logprobs")
@@ -77,7 +49,7 @@ _ATTR = {
 }  # fmt: skip
 
 
-class Rollouts:
+class Rollouts(TensorProperties, RewardMethods):
     """Generated samples as one DataFrame row each, plus padded tensors aligned with the rows.
 
     Row order is prompt-major: the `n` samples of prompt 0, then those of prompt 1, ...
@@ -165,7 +137,7 @@ class Rollouts:
             # that is known, so the ids are the positions, as a fresh result's are.
             df = df.assign(row_id=np.arange(n_rows, dtype=np.int64))
         if "run" not in df.columns:
-            df = df.assign(run=_text_series([new_run_id()] * n_rows))
+            df = df.assign(run=text_series([new_run_id()] * n_rows))
         given = dict(run_sampling or {})
         runs = [str(r) for r in df["run"].unique()]
         # One entry per run present (so a selection forgets the runs it dropped); an empty result
@@ -352,7 +324,8 @@ class Rollouts:
         ks = {r._top_lp.shape[1] for r in items if r._top_lp is not None}
         if len(ks) > 1:
             raise ValueError(f"cannot concat results with different top-k sizes: {sorted(ks)}")
-        dfs, run_sampling, run_records = _relabel_runs(items, labels)
+        dfs, run_sampling, run_records = relabel_runs(
+            [(r._checked_df(), r.run_sampling, r.run_records) for r in items], labels)
         if renumber:
             shifted, start = [], 0
             for d in dfs:
@@ -464,61 +437,6 @@ class Rollouts:
         assert tensor is not None
         return tensor
 
-    @property
-    def prompt_ids(self) -> torch.Tensor:
-        """[N, P] int64, left-padded with pad_token_id."""
-        return self._required("prompt_ids")
-
-    @property
-    def prompt_mask(self) -> torch.Tensor:
-        """[N, P] bool, False on padding."""
-        return self._required("prompt_mask")
-
-    @property
-    def response_ids(self) -> torch.Tensor:
-        """[N, R] int64, right-padded with pad_token_id."""
-        return self._required("response_ids")
-
-    @property
-    def response_mask(self) -> torch.Tensor:
-        """[N, R] bool, False on padding."""
-        return self._required("response_mask")
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        """[N, P+R] int64: cat(prompt_ids, response_ids); response token j is at column P + j."""
-        return self._required("input_ids")
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        """[N, P+R] bool: cat(prompt_mask, response_mask)."""
-        return self._required("attention_mask")
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """[N] int64 response lengths."""
-        return self._required("lengths")
-
-    @property
-    def logprobs(self) -> torch.Tensor | None:
-        """[N, R] float32 logprob of each response token; 0.0 where masked; None without logprobs."""
-        return self._tensor("logprobs")
-
-    @property
-    def top_logprobs(self) -> torch.Tensor | None:
-        """[N, R, k] float32 top-k logprobs per response position (0.0 where masked), or None."""
-        return self._tensor("top_logprobs")
-
-    @property
-    def top_ids(self) -> torch.Tensor | None:
-        """[N, R, k] int64 token ids of the top-k alternatives (pad_token_id where masked), or None."""
-        return self._tensor("top_ids")
-
-    @property
-    def prompt_logprobs(self) -> torch.Tensor | None:
-        """[N, P] float32 prompt logprobs aligned with prompt_ids (NaN where none, 0.0 on padding), or None."""
-        return self._tensor("prompt_logprobs")
-
     def to(self, device: Any) -> Rollouts:
         """A copy whose tensors live on `device` (rows, meta_info and flat data are shared)."""
         import torch
@@ -548,84 +466,6 @@ class Rollouts:
         out = self._shallow_copy()
         out._df = self._df.assign(**{name: list(v) if not hasattr(v, "dtype") else v for name, v in columns.items()})
         return out
-
-    @takes_options(RewardOptions)
-    def add_rewards(self, funcs: RewardFunctions, /, **options: Unpack[RewardOptions]) -> Rollouts:
-        """Score every row with your reward functions; returns a new Rollouts with reward columns.
-
-        `funcs`: a function, a list of them, or a dict name -> function. Each is called in its own
-        style, read from its signature (or forced with `style=`): TRL batch functions
-        `f(prompts, completions, completion_ids, **columns)`, verl's
-        `compute_score(data_source, solution_str, ground_truth, extra_info)`, AReaL's per-sample
-        `f(prompt, completions, prompt_ids, completion_ids, **data)`, `f(row)`, or
-        `f(completion, answer, ...)` with parameters named after columns; `async def` too.
-
-        Columns added, per function `<name>`: `reward_<name>` (NaN unless ok),
-        `reward_<name>_status` (ok / none / error / timeout / bad_return / cancelled),
-        `reward_<name>_error`, `reward_<name>_traceback` (when something raised),
-        `reward_<name>_seconds`; then `reward` (weighted sum, NaN when every function gave NaN),
-        `group_mean`, `group_std`, `group_zero_std` and `advantage` per prompt group. Ctrl-C stops
-        scoring and keeps what was scored (the rest is marked "cancelled", with a warning).
-        Everything is checked before any function runs.
-        """
-        from ..core._options import resolve
-        from ..core._progress import ProgressLine
-        from ..rewards._scoring import count_functions, rewards_columns, warn_notes
-
-        opts = resolve(RewardOptions, options)
-        with ProgressLine("rewards", total=len(self) * count_functions(funcs), unit="score", show=opts["progress"]) as line:
-            cols, notes = rewards_columns(self, funcs, opts, on_progress=line.advance)
-        warn_notes(notes)
-        return self.with_columns(cols)
-
-    def group_stats(self, *, reward: str = "reward", correct: str | None = None, threshold: float = 1.0,
-                    k: int | Sequence[int] = (1,)) -> pd.DataFrame:
-        """One row per prompt group: n, mean, std, zero_std (every sample scored the same) and,
-        with `correct` (a bool column, or a numeric one where value >= threshold counts), the
-        number correct and pass@k for each k (Chen et al., 2021; NaN when k > n)."""
-        from ..rewards._summary import group_table
-        from ..rewards._scoring import group_keys
-
-        ks = [k] if isinstance(k, int) else list(k)
-        return group_table(self._df, group_keys(self._df), reward=reward, correct=correct, threshold=threshold,
-                           ks=ks)
-
-    def pass_at_k(self, k: int | Sequence[int], *, correct: str = "reward", threshold: float = 1.0) -> pd.Series:
-        """Mean pass@k over prompt groups, for each k: the unbiased estimator of Chen et al. (2021)
-        from each group's n samples and c correct ones (1 when n - c < k). A row is correct when
-        the `correct` column is True, or (numeric) at least `threshold`."""
-        import pandas as pd
-
-        ks = [k] if isinstance(k, int) else list(k)
-        for value in ks:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"k must be ints >= 1, got {value!r}")
-        table = self.group_stats(reward=correct if correct in self._df.columns else "reward", correct=correct,
-                                 threshold=threshold, k=ks)
-        return pd.Series({f"pass@{v}": float(table[f"pass@{v}"].mean()) for v in ks}, name="pass_at_k")
-
-    def advantages(self, method: AdvantageMethod = "grpo", *, reward: str = "reward", eps: float = 1e-4) -> pd.Series:
-        """Advantages of the `reward` column by another estimator, without scoring again: "grpo",
-        "drgrpo", "rloo" or "batch" (see `add_rewards`). Returns a Series aligned with `df`."""
-        import pandas as pd
-
-        from ..rewards._group_stats import advantages
-        from ..rewards._scoring import group_keys
-
-        if reward not in self._df.columns:
-            raise ValueError(f"no column {reward!r}; add rewards first: res.add_rewards(...)")
-        values = advantages(self._df[reward].to_numpy(dtype=np.float64), group_keys(self._df), method=method, eps=eps)
-        return pd.Series(values, index=self._df.index, name=f"advantage_{method}")
-
-    def reward_summary(self) -> RewardSummary:
-        """Per reward function: mean and std, how often it was ok / none / error / timeout /
-        bad_return (with the commonest error), its p95 call time, the share of prompt groups with
-        no spread, its correlation with completion length and its mean by finish reason; and
-        flags in plain language for what looks wrong."""
-        from ..rewards._summary import summarize
-        from ..rewards._scoring import group_keys
-
-        return summarize(self._df, group_keys(self._df))
 
     @property
     def plot(self) -> RolloutPlots:
@@ -778,164 +618,3 @@ def _token_text_for(tokenizer: Any) -> TokenText | None:
     if isinstance(tokenizer, (str, os.PathLike)):
         return TokenText.load(str(tokenizer))
     return TokenText(tokenizer)
-
-
-@gc_paused()
-def rollouts_from_responses(
-    responses: Sequence[dict[str, Any] | None],
-    *,
-    prompt_ids: Sequence[Sequence[int]],
-    prompt_texts: Sequence[str | None] | None = None,
-    n: int = 1,
-    pad_token_id: int,
-    extra: Mapping[str, Sequence[Any]] | None = None,
-    model: str = "",
-    sampling: dict[str, Any] | None = None,
-    decode: Callable[[list[int]], list[str]] | None = None,
-    record: dict[str, Any] | None = None,
-) -> Rollouts:
-    """Build from SGLang `/generate` entries, `n` per prompt, prompt-major (`record`: see `Rollouts.record`).
-
-    Args:
-        responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
-            prompt-major order. A failed sample is None or `failed_entry(...)` (`_response_arrays`);
-            it still gets a row (finish_reason "error"/"abort", empty output).
-        prompt_ids: token ids of each prompt (len = number of prompts).
-        prompt_texts: each prompt's text (None for prompts given as ids).
-        n: samples per prompt.
-        pad_token_id: the value used to pad id tensors.
-        extra: per-row columns to add (e.g. "ttft_s"), each of length len(responses).
-        model, sampling: recorded on the result (and in parquet).
-        decode: optional display helper, ids -> per-token strings.
-
-    Raises:
-        ValueError / TypeError: inconsistent counts or malformed input.
-    """
-    import pandas as pd
-
-    # 1) validate the shape of the input
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
-        raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
-    n_prompts, n_rows = len(prompt_ids), len(responses)
-    if n_rows != n_prompts * n:
-        raise ValueError(f"expected {n_prompts} prompts x n={n} = {n_prompts * n} responses, got {n_rows}")
-    if prompt_texts is not None and len(prompt_texts) != n_prompts:
-        raise ValueError(f"prompt_texts has {len(prompt_texts)} entries for {n_prompts} prompts")
-    extra = dict(extra or {})
-    for name, values in extra.items():
-        if name in COLUMNS:
-            raise ValueError(f"extra column {name!r} clashes with a built-in column")
-        if len(values) != n_rows:
-            raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
-
-    # 2) per-row values and flat token arrays (_response_arrays.py)
-    parsed = parse_responses(responses, prompt_ids, n, int(pad_token_id))
-    bad, cols, rows = parsed.bad, parsed.rows, np.arange(n_rows, dtype=np.int64)
-    if bad:
-        warnings.warn(
-            f"{len(bad)} row(s) had logprobs that do not line up with their tokens; their logprobs "
-            f"are NaN and the reason is in the 'error' column (first: row {min(bad)}: {bad[min(bad)]})",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-    # 3) the DataFrame
-    # Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
-    # inferred as object, and concat / parquet would then change dtypes between results.
-    text = _text_dtype()
-    run = new_run_id()
-    prompts = [prompt_texts[int(p)] for p in rows // n] if prompt_texts is not None else [None] * n_rows
-    data: dict[str, Any] = {
-        "prompt_index": rows // n,
-        "sample_index": rows % n,
-        "prompt": pd.Series(prompts, dtype=text),
-        "completion": pd.Series(parsed.completions, dtype=text),
-        "finish_reason": pd.Series(cols["finish_reason"], dtype=text),
-        "matched_stop": pd.Series(cols["matched_stop"], dtype=object),
-        "prompt_tokens": np.asarray(cols["prompt_tokens"], np.int64),
-        "completion_tokens": np.asarray(cols["completion_tokens"], np.int64),
-        "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
-        "logprob_sum": parsed.logprob_sum,
-        "logprob_mean": parsed.logprob_mean,
-        "request_latency_s": np.asarray(cols["request_latency_s"], np.float64),
-        "weight_version": pd.Series(cols["weight_version"], dtype=text),
-        "rid": pd.Series(cols["rid"], dtype=text),
-        "error": pd.Series(cols["error"], dtype=text),
-        "run": pd.Series([run] * n_rows, dtype=text),
-        "row_id": rows,
-    }
-    data.update({k: list(v) for k, v in extra.items()})
-    return Rollouts(
-        df=pd.DataFrame(data),
-        prompt_ids=parsed.prompt_ids,
-        prompt_offsets=parsed.prompt_offsets,
-        response_ids=parsed.response_ids,
-        response_offsets=parsed.response_offsets,
-        meta_info=parsed.meta_info,
-        pad_token_id=int(pad_token_id),
-        logprobs=parsed.logprobs,
-        top_logprobs=parsed.top_logprobs,
-        top_ids=parsed.top_ids,
-        token_texts=parsed.token_texts,
-        prompt_logprobs=parsed.prompt_logprobs,
-        model=model,
-        run_sampling={run: sampling},
-        decode=decode,
-        run_records={run: record},
-    )
-
-
-def new_run_id() -> str:
-    """A short id for a new run (8 hex digits of a random UUID: repeats about once in 10^4.5
-    pairs of runs, far beyond how many runs one concat joins)."""
-    return uuid.uuid4().hex[:8]
-
-
-def _text_dtype() -> Any:
-    # pandas' own text dtype (str from pandas 3), so that concat and parquet keep text columns' dtype.
-    import pandas as pd
-
-    return "str" if int(pd.__version__.split(".")[0]) >= 3 else object
-
-
-def _text_series(values: list[str]) -> pd.Series:
-    import pandas as pd
-
-    return pd.Series(values, dtype=_text_dtype())
-
-
-def _relabel_runs(items: list[Rollouts], labels: Sequence[str] | None
-                  ) -> tuple[list[pd.DataFrame], dict[str, dict[str, Any] | None], dict[str, dict[str, Any] | None]]:
-    """Each input's df with its `run` column as `Rollouts.concat` documents, and the joined
-    run -> sampling and run -> record mappings. Raises ValueError when one run would get two
-    different samplings."""
-    dfs: list[pd.DataFrame] = []
-    merged: dict[str, dict[str, Any] | None] = {}
-    records: dict[str, dict[str, Any] | None] = {}
-    seen: set[tuple[str, int]] = set()
-    for position, item in enumerate(items):
-        df = item._checked_df()
-        runs = [str(r) for r in df["run"].unique()]
-        if labels is not None:
-            label = str(labels[position])
-            rename = {r: label if len(runs) <= 1 else f"{label}/{r}" for r in runs}
-        else:
-            keys = set(zip(df["run"].astype(str), df["row_id"].tolist()))
-            repeats = not seen.isdisjoint(keys)
-            rename = {r: f"{r}#{position}" if repeats else r for r in runs}
-        if any(old != new for old, new in rename.items()):
-            df = df.assign(run=_text_series([rename[str(r)] for r in df["run"]]))
-        seen.update(zip(df["run"].astype(str), df["row_id"].tolist()))
-        sources = item.run_sampling if runs else {}
-        for old, sampling in sources.items():
-            new = rename.get(old, old)
-            if new in merged and merged[new] != sampling:
-                raise ValueError(f"run {new!r} would have two samplings ({merged[new]} and {sampling}): give labels "
-                                 "that tell the inputs' runs apart")
-            merged[new] = sampling
-        for old, record in (item.run_records if runs else {}).items():
-            records.setdefault(rename.get(old, old), record)
-        dfs.append(df)
-    return dfs, merged, records

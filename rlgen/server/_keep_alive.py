@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _process_tree
-from . import _registry
+from . import _process_tree, _registry
 from ._command import redacted
 
 __all__ = ["Kept", "attach", "detach", "find", "keep", "new_api_key", "options_key", "parse_duration", "stop"]

@@ -44,20 +44,20 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from . import _process_tree
-from . import _registry
-from . import _log as _server_log
 from ..core._errors import ServerDiedError, ServerStartupError
-from ._launch_options import LaunchOptions
-from ._process_tree import ProcessTree, ShutdownReport, reap, wait_gpu_memory_released
+from . import _log as _server_log
+from . import _process_tree, _registry
 from ._command import redacted
+from ._launch_options import LaunchOptions
 from ._log import PHASES
+from ._process_tree import ProcessTree, ShutdownReport, reap, wait_gpu_memory_released
 
 __all__ = [
     "PHASES",
     "ServerProcess",
     "ServerState",
     "ShutdownReport",
+    "free_port",
     "launch_server",
     "list_servers",
     "reap",
@@ -302,7 +302,7 @@ class ServerProcess:
                 # 1. A port. A fixed one is checked first: if another server already listens there,
                 #    our health probe would get *its* 200 and we would report a server that is not ours.
                 if config.port is None:
-                    self._port = _free_port(config.host)
+                    self._port = free_port(config.host)
                 else:
                     self._port = config.port
                     if not _port_is_free(config.host, config.port):
@@ -385,7 +385,7 @@ def _prune_run_dirs(root: Path, *, keep: int) -> None:
             shutil.rmtree(old, ignore_errors=True)  # another process may be pruning too
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     """A port the OS reports free right now. Another process may take it before the server binds
     it (the server must bind it itself); the caller relaunches on "address already in use"."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

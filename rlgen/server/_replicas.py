@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _log as _server_log
 from ..core._errors import EngineError, ServerStartupError
+from . import _log as _server_log
+from ._process import ServerProcess, free_port, launch_server
 from ._process_tree import ShutdownReport, wait_gpu_memory_released
-from ._process import ServerProcess, _free_port, launch_server
 
 __all__ = ["ROUTER_POLICY", "Replicas", "check_router_installed", "launch_replicas"]
 
@@ -133,7 +133,7 @@ def launch_replicas(
         else:
             for i in range(replicas):
                 workers.append(start_worker(i))
-        metrics_port = _free_port("127.0.0.1")
+        metrics_port = free_port("127.0.0.1")
         router_argv = [sys.executable, "-m", "sglang_router.launch_router",
                        "--worker-urls", *(w.url for w in workers),
                        "--policy", ROUTER_POLICY, "--disable-circuit-breaker",

@@ -1,0 +1,40 @@
+"""The names of a result's columns: one schema, read by every layer that makes or checks a row.
+
+Owns: rlgen's own DataFrame columns (`COLUMNS`, in order), the columns the client adds where they
+apply (`CLIENT_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
+to tell the per-function reward columns rlgen wrote from a user's own columns that happen to start
+with `reward_` (`reward_output_columns`), and the names a user's per-prompt data may not take
+(`RESERVED_DATA_NAMES`). Knows nothing about DataFrames, rewards or servers: these are names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "reward_output_columns"]
+
+# Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
+# rewards) come after them.
+COLUMNS = (
+    "prompt_index", "sample_index", "prompt", "completion", "finish_reason", "matched_stop",
+    "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
+    "request_latency_s", "weight_version", "rid", "error", "run", "row_id",
+)  # fmt: skip
+# Columns the client adds where they apply (streaming timings; a chat prompt's messages): rlgen's
+# own, like COLUMNS, but not every result has them. The rest of the extra columns are the user's.
+CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages")
+# Columns scoring writes for each prompt group; a second add_rewards call replaces them.
+GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
+# What `generate(data=...)` refuses as a data column: every name rlgen writes itself.
+RESERVED_DATA_NAMES = (*COLUMNS, *CLIENT_COLUMNS, *GROUP_COLUMNS)
+
+
+def reward_output_columns(columns: Iterable[str]) -> list[str]:
+    """The columns among `columns` that scoring wrote: the group columns, and for each scored
+    function `<name>` (known by its `reward_<name>_status` column) `reward_<name>` and
+    `reward_<name>_*`. A user's `reward_model` column with no `reward_model_status` is data."""
+    names = list(columns)
+    scored = [c[len("reward_"):-len("_status")] for c in names if c.startswith("reward_") and c.endswith("_status")]
+    owned = {f"reward_{s}" for s in scored}
+    return [c for c in names if c in GROUP_COLUMNS or c in owned
+            or any(c.startswith(f"reward_{s}_") for s in scored)]

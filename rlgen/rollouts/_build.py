@@ -1,0 +1,129 @@
+"""Building a result from a server's answers: `rollouts_from_responses`.
+
+Owns: checking the shape of what the client collected (entries per prompt, prompt texts, extra
+columns), the DataFrame of a fresh run (column by column, with pandas' text dtype), and the
+`Rollouts` made of it and of the flat token arrays `_response_arrays` parsed. Knows nothing about
+HTTP or servers: it receives already-decoded `/generate` entries and the prompt ids that were sent.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core._columns import COLUMNS
+from ._response_arrays import gc_paused, parse_responses
+from ._rollouts import Rollouts
+from ._runs import new_run_id, text_dtype
+
+__all__ = ["rollouts_from_responses"]
+
+
+@gc_paused()
+def rollouts_from_responses(
+    responses: Sequence[dict[str, Any] | None],
+    *,
+    prompt_ids: Sequence[Sequence[int]],
+    prompt_texts: Sequence[str | None] | None = None,
+    n: int = 1,
+    pad_token_id: int,
+    extra: Mapping[str, Sequence[Any]] | None = None,
+    model: str = "",
+    sampling: dict[str, Any] | None = None,
+    decode: Callable[[list[int]], list[str]] | None = None,
+    record: dict[str, Any] | None = None,
+) -> Rollouts:
+    """Build from SGLang `/generate` entries, `n` per prompt, prompt-major (`record`: see `Rollouts.record`).
+
+    Args:
+        responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
+            prompt-major order. A failed sample is None or `failed_entry(...)` (`_response_arrays`);
+            it still gets a row (finish_reason "error"/"abort", empty output).
+        prompt_ids: token ids of each prompt (len = number of prompts).
+        prompt_texts: each prompt's text (None for prompts given as ids).
+        n: samples per prompt.
+        pad_token_id: the value used to pad id tensors.
+        extra: per-row columns to add (e.g. "ttft_s"), each of length len(responses).
+        model, sampling: recorded on the result (and in parquet).
+        decode: optional display helper, ids -> per-token strings.
+
+    Raises:
+        ValueError / TypeError: inconsistent counts or malformed input.
+    """
+    import pandas as pd
+
+    # 1) validate the shape of the input
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
+    n_prompts, n_rows = len(prompt_ids), len(responses)
+    if n_rows != n_prompts * n:
+        raise ValueError(f"expected {n_prompts} prompts x n={n} = {n_prompts * n} responses, got {n_rows}")
+    if prompt_texts is not None and len(prompt_texts) != n_prompts:
+        raise ValueError(f"prompt_texts has {len(prompt_texts)} entries for {n_prompts} prompts")
+    extra = dict(extra or {})
+    for name, values in extra.items():
+        if name in COLUMNS:
+            raise ValueError(f"extra column {name!r} clashes with a built-in column")
+        if len(values) != n_rows:
+            raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
+
+    # 2) per-row values and flat token arrays (_response_arrays.py)
+    parsed = parse_responses(responses, prompt_ids, n, int(pad_token_id))
+    bad, cols, rows = parsed.bad, parsed.rows, np.arange(n_rows, dtype=np.int64)
+    if bad:
+        warnings.warn(
+            f"{len(bad)} row(s) had logprobs that do not line up with their tokens; their logprobs "
+            f"are NaN and the reason is in the 'error' column (first: row {min(bad)}: {bad[min(bad)]})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    # 3) the DataFrame
+    # Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
+    # inferred as object, and concat / parquet would then change dtypes between results.
+    text = text_dtype()
+    run = new_run_id()
+    prompts = [prompt_texts[int(p)] for p in rows // n] if prompt_texts is not None else [None] * n_rows
+    data: dict[str, Any] = {
+        "prompt_index": rows // n,
+        "sample_index": rows % n,
+        "prompt": pd.Series(prompts, dtype=text),
+        "completion": pd.Series(parsed.completions, dtype=text),
+        "finish_reason": pd.Series(cols["finish_reason"], dtype=text),
+        "matched_stop": pd.Series(cols["matched_stop"], dtype=object),
+        "prompt_tokens": np.asarray(cols["prompt_tokens"], np.int64),
+        "completion_tokens": np.asarray(cols["completion_tokens"], np.int64),
+        "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
+        "logprob_sum": parsed.logprob_sum,
+        "logprob_mean": parsed.logprob_mean,
+        "request_latency_s": np.asarray(cols["request_latency_s"], np.float64),
+        "weight_version": pd.Series(cols["weight_version"], dtype=text),
+        "rid": pd.Series(cols["rid"], dtype=text),
+        "error": pd.Series(cols["error"], dtype=text),
+        "run": pd.Series([run] * n_rows, dtype=text),
+        "row_id": rows,
+    }
+    data.update({k: list(v) for k, v in extra.items()})
+    return Rollouts(
+        df=pd.DataFrame(data),
+        prompt_ids=parsed.prompt_ids,
+        prompt_offsets=parsed.prompt_offsets,
+        response_ids=parsed.response_ids,
+        response_offsets=parsed.response_offsets,
+        meta_info=parsed.meta_info,
+        pad_token_id=int(pad_token_id),
+        logprobs=parsed.logprobs,
+        top_logprobs=parsed.top_logprobs,
+        top_ids=parsed.top_ids,
+        token_texts=parsed.token_texts,
+        prompt_logprobs=parsed.prompt_logprobs,
+        model=model,
+        run_sampling={run: sampling},
+        decode=decode,
+        run_records={run: record},
+    )
