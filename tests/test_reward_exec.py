@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from rlgen.rewards import _exec as _reward_exec
+from rlgen.rewards import _exec_pool
 from rlgen.rewards._exec import Call, Outcome, RunInterrupted, close_pools, run_calls
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -113,6 +114,25 @@ def test_a_call_that_sleeps_or_spins_forever_is_killed_at_its_timeout_and_the_re
     assert "did not finish within 1 s" in (outcomes[3].error or "") and "killed" in (outcomes[3].error or "")
     assert 1 <= outcomes[3].seconds < 2.5
     assert elapsed < 6  # two timeouts and two replacement workers, one after the other
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_kills_the_workers_whole_process_group_not_only_the_worker(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+
+    def start_a_child_and_hang(path: str) -> None:
+        child = subprocess.Popen(["sleep", "3600"])  # in the worker's process group
+        with open(path, "w") as f:
+            f.write(str(child.pid))
+        time.sleep(3600)
+
+    (outcome,) = run_calls(start_a_child_and_hang, calls_of(str(pid_file)), timeout=1)
+    assert outcome.status == "timeout"
+    child = int(pid_file.read_text())
+    survived = not gone({child})
+    if survived:
+        os.kill(child, signal.SIGKILL)  # leave no sleeper behind
+    assert not survived, f"the function's child process ({child}) outlived the worker killed at the timeout"
 
 
 @pytest.mark.timeout(60)
@@ -245,7 +265,7 @@ def test_runs_from_several_threads_at_once_get_their_own_workers_and_leave_a_bou
         t.join(50)
     assert [results[k][0] for k in (2, 3, 5)] == [True] * 3
     assert sum(len(pids) for _, pids in results.values()) == len(set().union(*(pids for _, pids in results.values())))
-    assert len(_reward_exec._idle) <= max(_reward_exec._cpu_count(), 2)
+    assert len(_exec_pool._idle) <= max(_reward_exec._cpu_count(), 2)
 
 
 @pytest.mark.timeout(60)
@@ -304,7 +324,7 @@ def test_ctrl_c_in_process_mode_kills_the_busy_workers_and_raises_with_what_fini
     assert len(got) == 40 and set(got) == {"ok", "cancelled"}
     assert 2 <= got.count("ok") < 20 and got.index("cancelled") > 1
     assert gone({o.value for o in caught.value.outcomes if o.status == "ok"}, within=3)
-    assert _reward_exec._idle == []  # both were running calls: killed, not kept
+    assert _exec_pool._idle == []  # both were running calls: killed, not kept
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ __all__ = [
     "gpu_memory_per_gpu",
     "gpu_name",
     "is_exiting",
+    "popen_from_long_lived_thread",
     "reap",
     "spawn",
     "stop_recorded",
@@ -126,7 +127,7 @@ def spawn(cmd: list[str], *, env: Mapping[str, str], stdout: IO[bytes], pdeathsi
         close_fds=True,
     )
     if pdeathsig:
-        proc = _popen_from_long_lived_thread(_with_pdeathsig(cmd), popen_kwargs)
+        proc = popen_from_long_lived_thread(_with_pdeathsig(cmd), popen_kwargs)
     else:
         proc = subprocess.Popen(cmd, **popen_kwargs)
     return ProcessTree(proc)
@@ -169,7 +170,10 @@ class _Spawner:
                 future.set_exception(exc)
 
 
-def _popen_from_long_lived_thread(cmd: list[str], kwargs: dict[str, Any]) -> subprocess.Popen[bytes]:
+def popen_from_long_lived_thread(cmd: list[str], kwargs: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen(cmd, **kwargs)`, forked from the main thread or a long-lived daemon thread
+    (never a caller's short-lived one), so that a parent-death signal the child arms fires only
+    when this process dies."""
     if threading.current_thread() is threading.main_thread():
         return subprocess.Popen(cmd, **kwargs)
     return _Spawner.popen(cmd, kwargs)
