@@ -29,7 +29,8 @@ from .core._errors import (
 )
 from .core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
-from .engine._engine import Engine, EngineState
+from .engine._base import EngineState
+from .engine._engine import Engine
 from .rollouts._rollouts import Rollouts
 from .server._models import DEFAULT_MODEL, resolve_model
 from .server._process import reap

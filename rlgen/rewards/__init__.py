@@ -1,4 +1,12 @@
-"""Built-in rewards and offline tasks: answer checks, format and length rewards, reasoning-gym tasks.
+"""The reward layer: scoring rows with reward functions, group statistics, and built-in rewards and tasks.
+
+Owns: running the user's reward functions over rows in their own style (`_scoring`, `_styles`),
+safely in worker processes, threads or inline (`_exec*`), per prompt group statistics and
+advantages (`_group_stats`), the reward summary and its flags (`_summary`), and this package's
+public built-ins below. Knows nothing about servers or the result object: it takes rows as a
+`RowBatch` and group keys, and returns columns (`rlgen.rollouts` adds them to a `Rollouts`).
+
+Built-in rewards and offline tasks: answer checks, format and length rewards, reasoning-gym tasks.
 
 Every reward here is a plain per-row function whose parameter names are rollout columns or
 per-prompt data (`completion`, `answer`, `completion_tokens`, `metadata`), returning a float, or

@@ -1,0 +1,174 @@
+"""Scoring given tokens: `Engine.score` and `Engine.check_logprobs`.
+
+Owns: prefill logprobs of given texts or of a result's exact sampled ids (`score`), and the check
+that a result's sampled logprobs match a re-score of the same tokens, with its bounds per backend
+(`check_logprobs`). Knows nothing about sampling, server processes or weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..client._generate import GenerateJob, chunks_to_fill, run_generate
+from ..core import _loop
+from ..core._errors import RequestError
+from ..core._types import Prompts
+from ..server import _info as _server_info
+from ._base import AUTO_CHUNK_MAX, EngineBase
+from ._startup import pad_id
+
+if TYPE_CHECKING:
+
+    from ..compare._logprobs import LogprobCheck
+    from ..rollouts._rollouts import Rollouts
+
+__all__ = ["ScoringMixin"]
+
+# check_logprobs' default bounds on |sampled - re-scored| per response token. float32 on the CPU
+# backend: prefill and decode agree to float error. bf16 on SGLang: a logit of ~20 is rounded to
+# steps of 0.125, so single tokens differ by a few tenths while the mean stays small; a comparison
+# off by one token is off by nats.
+_CPU_MAX_DIFF, _CPU_MEAN_DIFF = 1e-3, 1e-4
+_BF16_MAX_DIFF, _BF16_MEAN_DIFF = 1.0, 0.05
+# Rows per scoring request on the CPU backend (see Engine._score_ids).
+_CPU_SCORE_CHUNK = 8
+
+
+class ScoringMixin(EngineBase):
+    """Scoring methods of `Engine` (mixed into it)."""
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(self, prompts: Prompts | Rollouts, completions: Sequence[str] | Sequence[Sequence[int]] | None = None,
+              *, progress: bool | None = None) -> Rollouts:
+        """Logprobs of given tokens under the model (one prefill each, no sampling).
+
+        `eng.score(prompts, completions)`: one completion (text or token ids) per prompt.
+        `eng.score(res)`: the exact sampled ids of every row of a `Rollouts` (its prompt ids and
+        response ids, the EOS token included), rows in `res`'s order, so that the result's tensors
+        have `res.tensors()`'s shapes and masks: `res.logprobs` and `eng.score(res).logprobs` line
+        up position by position (the basis of reference-model and KL checks).
+
+        A text completion is tokenized as it is, without the EOS token the model generated after
+        it: its logprob sum differs from the sampled row's by that token's logprob (and by any
+        token boundary that tokenizing the text draws differently). Re-score a `Rollouts` to
+        compare with what was sampled.
+
+        Returns a `Rollouts` whose responses are the scored tokens and whose `logprobs` are the
+        model's log-probabilities of them from raw logits (temperature 1, no top-p/top-k);
+        finish_reason is "score".
+        """
+        from ..rollouts._build import rollouts_from_responses
+        from ..rollouts._rollouts import Rollouts
+
+        if isinstance(prompts, Rollouts):
+            if completions is not None:
+                raise ValueError("score(rollouts) re-scores the rollouts' own tokens; pass no completions")
+            return self._score_rollouts(prompts, progress=progress)
+        if completions is None:
+            raise ValueError("give one completion per prompt, or pass a Rollouts to re-score its sampled tokens")
+        batch = self._normalize(prompts, max_new_tokens=1)
+        if isinstance(completions, (str, bytes)) or len(completions) != len(batch):
+            raise ValueError(f"give one completion per prompt ({len(batch)} prompts)")
+        completion_ids = [list(c) if not isinstance(c, str) else self.tokenizer(c, add_special_tokens=False)["input_ids"]
+                          for c in completions]
+        for i, c in enumerate(completion_ids):
+            if not c:
+                raise ValueError(f"completion {i} is empty; nothing to score")
+        entries = self._score_ids(batch.ids, completion_ids, progress=progress)
+        return rollouts_from_responses(entries, prompt_ids=batch.ids, prompt_texts=batch.texts, n=1,
+                                       pad_token_id=pad_id(self.tokenizer), model=self.model,
+                                       sampling={"score": True}, decode=self._token_text)
+
+    def _score_rollouts(self, rollouts: Rollouts, *, progress: bool | None) -> Rollouts:
+        """`score(res)`: every row's prompt + response ids; a row without response tokens stays empty."""
+        from ..rollouts._build import rollouts_from_responses
+
+        if len(rollouts) == 0:
+            raise ValueError("the rollouts have no rows to re-score")
+        prompt_ids = rollouts.id_lists("prompt")
+        response_ids = rollouts.id_lists("response")
+        entries = self._score_ids(prompt_ids, response_ids, progress=progress)
+        return rollouts_from_responses(entries, prompt_ids=prompt_ids, prompt_texts=rollouts.df["prompt"].tolist(),
+                                       n=1, pad_token_id=rollouts.pad_token_id, model=self.model,
+                                       sampling={"score": True}, decode=self._token_text)
+
+    def check_logprobs(self, rollouts: Rollouts, *, max_diff: float | None = None, mean_diff: float | None = None,
+                       progress: bool | None = None) -> LogprobCheck:
+        """Re-score the rollouts' own tokens (`score(rollouts)`) and compare with their sampled logprobs.
+
+        Returns a `LogprobCheck`: `passed` (None when the two are not comparable), the differences
+        over response tokens, and the bounds used. The default bounds are float rounding on the CPU
+        backend (float32) and bf16 rounding on SGLang; pass `max_diff=` / `mean_diff=` to choose.
+
+        Sampled logprobs are comparable with a re-score only when they come from raw logits:
+        SGLang reports `log_softmax(logits / temperature)` after penalties and logit bias (and
+        before top-p/top-k/min-p filtering, so those do not matter), while a re-score uses the raw
+        logits. Rollouts sampled at a temperature other than 1 (greedy counts as 1), or with
+        penalties, are therefore not re-scored, and the verdict says why.
+        """
+        from ..compare._logprobs import check_verdict, compare_logprobs, not_comparable_reason
+
+        if rollouts.logprobs is None:
+            raise ValueError("these rollouts have no logprobs; generate with logprobs=True")
+        cpu = self._server_info.get("rlgen_backend") == "cpu"
+        bounds = {"max_diff": _CPU_MAX_DIFF if cpu else _BF16_MAX_DIFF, "mean_diff": _CPU_MEAN_DIFF if cpu else _BF16_MEAN_DIFF}
+        if max_diff is not None:
+            bounds["max_diff"] = max_diff
+        if mean_diff is not None:
+            bounds["mean_diff"] = mean_diff
+        reason = not_comparable_reason(rollouts.sampling)
+        if reason is not None:
+            return check_verdict(None, reason=reason, **bounds)
+        if not any(rollouts.id_lists("response")):
+            raise ValueError("the rollouts have no response tokens to re-score")
+        rescored = self.score(rollouts, progress=progress)
+        return check_verdict(compare_logprobs(rollouts, rescored), reason=None, **bounds)
+
+    def _score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], *,
+                   progress: bool | None) -> list[dict[str, Any]]:
+        """Prefill prompt+completion with input logprobs from the last prompt token on.
+
+        Identical (prompt, completion) pairs are prefilled once. An empty completion gets an entry
+        with no tokens, without a request.
+        """
+        from ..rollouts._response_arrays import scored_entry
+
+        self._check_ready()
+        first: dict[tuple[int, tuple[int, ...]], int] = {}  # distinct (prompt length, ids) -> first row
+        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+            if c:
+                first.setdefault((len(p), tuple(p + c)), i)
+        # Longest first: rows of similar length share a chunk, and the CPU backend pads a prefill
+        # batch to its longest row (SGLang packs rows without padding, so the order costs nothing).
+        todo = sorted(first.values(), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]), reverse=True)
+        if self._server_info.get("rlgen_backend") == "cpu":
+            # Small chunks, one queued behind the running one: each is prefilled on its own, padded
+            # only to its own longest row, and the bar advances per chunk.
+            chunk_size, max_in_flight = _CPU_SCORE_CHUNK, 2
+        else:
+            chunk_size = AUTO_CHUNK_MAX
+            max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), chunk_size, 1)
+        job = GenerateJob(
+            prompt_ids=[prompt_ids[i] + completion_ids[i] for i in todo],
+            sampling={"max_new_tokens": 1, "temperature": 0.0}, n=1, logprobs=True, top_logprobs=0,
+            stream=False, chunk_size=chunk_size, max_in_flight=max_in_flight,
+            per_prompt={"logprob_start_len": [len(prompt_ids[i]) - 1 for i in todo]},
+        )
+        with self._progress_line(job, progress, label="score", unit="row") as line:
+            # A scoring request generates one throwaway token per row: rows are the measure, not tok/s.
+            _loop.run_sync(run_generate(self._client, job, on_progress=lambda rows, _tokens: line.advance(rows)),
+                           on_wait=line.tick)
+        answers = dict(zip(todo, job.results))
+        entries = []
+        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+            if not c:
+                entries.append(scored_entry({"meta_info": {"input_token_logprobs": [[None, p[-1] if p else 0]]}},
+                                            prompt_len=len(p), completion_ids=[], text=""))
+                continue
+            r = answers[first[(len(p), tuple(p + c))]]
+            if r is None:
+                raise RequestError("the server did not answer this scoring request", prompt_index=i)
+            entries.append(scored_entry(r, prompt_len=len(p), completion_ids=c,
+                                        text=self.tokenizer.decode(c, skip_special_tokens=True)))
+        return entries
