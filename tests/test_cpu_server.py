@@ -25,7 +25,9 @@ from _cpu_server_process import READY_LINE, Server, free_port, post, running_ser
 
 torch = pytest.importorskip("torch")
 
-from rlgen.cpu_server._runner import Job, Runner, SamplingParams, SeqOutput, default_num_threads  # noqa: E402 - after the importorskip
+from rlgen.cpu_server._jobs import Job, SamplingParams, SeqOutput  # noqa: E402 - after the importorskip
+from rlgen.cpu_server._model import default_num_threads  # noqa: E402
+from rlgen.cpu_server._runner import Runner  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]

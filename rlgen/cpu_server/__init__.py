@@ -11,10 +11,17 @@ that share their prefix. Machines without a GPU (and the test suite) use it in p
 
 Modules:
     __main__       command line, startup phases and their log lines, binding, shutdown
-    _app           aiohttp routes: request validation, response and SSE shaping (docs/sglang-api.md)
+    _app           aiohttp routes and handlers, the state they share, /generate's flow, control endpoints
+    _request       request parsing and validation: SGLang's normalization, verify rules, error messages
+    _response      SGLang's response, logprob and error bodies; results from the scheduler thread
     _fields        every /generate field and sampling key with SGLang's default and what is done with it
-    _runner        the scheduler thread that owns the model: prefill, decode loop, sampling, stops,
-                   memory release and resume
+    _jobs          Job, SamplingParams, SeqOutput: the data passed between the routes and the runner
+    _runner        the scheduler thread: inbox, admission, aborts, control calls, prefill and decode
+                   steps, prefix-cache reuse, memory release and resume
+    _model         the transformers model: loading, forward pass, LM head, weight reload, freeing
+    _batch         the running batch's tensors (left-padded, growing KV cache) and their surgery
+    _sampling      penalties, token choice (greedy, top-k/top-p/min-p, seeds), logprobs, top-k lists
+    _outputs       stop conditions, output text and SeqOutput snapshots
     _prefix_cache  the KV of earlier prompts, for reuse (SGLang's radix cache, as a bounded list)
     _faults        fault modes driven by RLGEN_CPU_* environment variables, for lifecycle tests
 """

@@ -93,11 +93,8 @@ def _load_runner(args: argparse.Namespace) -> Runner:
     import torch
     import transformers
 
-    from rlgen.cpu_server._runner import (
-        DEFAULT_PREFIX_CACHE_BYTES,
-        Runner,
-        default_num_threads,
-    )
+    from rlgen.cpu_server._model import default_num_threads
+    from rlgen.cpu_server._runner import DEFAULT_PREFIX_CACHE_BYTES, Runner
 
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(args.cpu_threads or default_num_threads())
@@ -158,7 +155,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
 
 async def _warm_up(state: BackendState) -> None:
     """One greedy 1-token generation through the whole pipeline, like SGLang's warm-up request."""
-    from rlgen.cpu_server._runner import Job, SamplingParams
+    from rlgen.cpu_server._jobs import Job, SamplingParams
 
     started = time.monotonic()
     prompt = state.tokenizer("The capital city of France is")["input_ids"]
