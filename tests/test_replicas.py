@@ -4,8 +4,13 @@ that no process outlives a test."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import signal
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -96,3 +101,57 @@ def test_replicas_refuses_keep_alive_and_a_missing_router(isolated: str, model_p
                         lambda name, *a: None if name == "sglang_router" else find_spec(name, *a))
     with pytest.raises(rlgen.EngineError, match="pip install sglang-router"):
         rlgen.Engine(model_path, backend="cpu", replicas=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_worker_killed_mid_call_leaves_the_call_whole_on_the_live_worker(isolated: str, model_path: str) -> None:
+    """A worker's process group SIGKILLed while 64 prompts run: the router (rlgen's default health
+    checks and retries) or rlgen's own re-send puts its rows on the live worker, so the call returns
+    every row whole; `info` then reports the dead worker unhealthy, with its exit code."""
+    eng = rlgen.Engine(model_path, backend="cpu", replicas=2, progress=False)
+    try:
+        workers = eng.info["router"]["workers"]
+        victim, survivor = workers[1], workers[0]
+        prompts = [f"Tell me a story about the number {i}." for i in range(64)]
+        sampling = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+        killed = threading.Event()
+
+        def running(url: str) -> int:
+            with urllib.request.urlopen(f"{url}/server_info", timeout=5) as resp:
+                return int(json.loads(resp.read())["internal_states"][0]["num_running_reqs"])
+
+        def kill_soon() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    if running(victim["url"]) > 0 and running(survivor["url"]) > 0:
+                        break
+                time.sleep(0.05)
+            time.sleep(0.5)
+            os.killpg(os.getpgid(victim["pid"]), signal.SIGKILL)
+            killed.set()
+
+        killer = threading.Thread(target=kill_soon, daemon=True)
+        killer.start()
+        t0 = time.monotonic()
+        try:
+            res = eng.generate(prompts, **sampling)
+        except rlgen.RequestError as err:
+            rows = eng.last_result
+            reasons = rows.df.finish_reason.value_counts().to_dict() if rows is not None else None
+            pytest.fail(f"generate failed after {time.monotonic() - t0:.1f} s: {err!r}; finish reasons {reasons}")
+        killer.join(timeout=60)
+        assert killed.is_set(), "the worker was not killed while the call ran"
+        assert len(res) == 64 and res.df.error.isna().all()
+        assert not res.df.finish_reason.isin(["abort", "error"]).any()
+        assert (res.df.completion_tokens == 24).all()
+
+        # What rlgen saw: the owned worker's process is dead, whatever the router still says.
+        after = {w["url"]: w for w in eng.info["router"]["workers"]}
+        assert after[victim["url"]]["healthy"] is False and after[victim["url"]]["exit_code"] == -signal.SIGKILL
+        assert after[survivor["url"]]["healthy"] is True and after[survivor["url"]]["exit_code"] is None
+        # The next call goes to the survivor alone.
+        assert len(eng.generate(prompts[:4], max_new_tokens=4, temperature=0.0)) == 4
+    finally:
+        eng.close()
