@@ -26,6 +26,18 @@ def trl_completions_only(completions, **kwargs):
     return [1.0] * len(completions)
 
 
+def trl_ids_only(completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def trl_hooks(completion_ids, trainer_state=None, log_metric=None, **kwargs):
+    return [0.0] * len(completion_ids)
+
+
+def columns_with_kwargs(completion, **kwargs):
+    return 1.0
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0
 
@@ -43,7 +55,8 @@ def by_columns(completion, answer):
 
 
 @pytest.mark.parametrize("fn, style", [
-    (trl_reward, "trl"), (trl_completions_only, "trl"), (compute_score, "verl"), (areal_reward, "areal"),
+    (trl_reward, "trl"), (trl_completions_only, "trl"), (trl_ids_only, "trl"), (trl_hooks, "trl"),
+    (columns_with_kwargs, "columns"), (lambda completion_ids: 1.0, "columns"), (compute_score, "verl"), (areal_reward, "areal"),
     (by_row, "row"), (by_columns, "columns"), (lambda completion: 1.0, "columns"),
 ])
 def test_the_style_is_read_from_the_parameter_names(fn, style) -> None:

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from _trl_rewards import get_repetition_penalty_reward, get_soft_overlong_punishment
 
 from rlgen.rollouts import Rollouts, rollouts_from_responses
 
@@ -66,6 +67,25 @@ def test_a_trl_batch_function_runs_unchanged_and_a_wrong_length_is_marked_not_br
     assert res.df["reward_trl_len"].tolist() == [float(len(c)) for c in COMPLETIONS]
     assert (res.df["reward_trl_short_status"] == "bad_return").all()
     assert "returned 2 values for 3 completions" in res.df["reward_trl_short_error"][0]
+
+
+def test_trls_own_token_id_rewards_taking_only_completion_ids_run_as_trl_would_call_them() -> None:
+    ids = [[7] * (2 + 3 * i) if i % 3 == 0 else list(range(1, 2 + 3 * i)) for i in range(16)]
+    entries = [{"text": f"c{i}", "output_ids": ids[i],
+                "meta_info": {"finish_reason": {"type": "stop"}, "completion_tokens": len(ids[i])}}
+               for i in range(16)]
+    res = rollouts_from_responses(entries, prompt_ids=[[1, 2]] * 4, n=4, pad_token_id=0)
+    overlong = get_soft_overlong_punishment(max_completion_len=30, soft_punish_cache=10)
+    repetition = get_repetition_penalty_reward(ngram_size=2, max_penalty=-1.0)
+    out = res.add_rewards([overlong, repetition], mode="thread", batch_size=16)
+    for fn in (overlong, repetition):
+        name = fn.__name__
+        assert (out.df[f"reward_{name}_status"] == "ok").all(), out.df[f"reward_{name}_error"].tolist()
+        # As TRL's GRPOTrainer calls it: keywords, the batch's ids, its training hooks.
+        expected = fn(prompts=[""] * 16, completions=[f"c{i}" for i in range(16)], completion_ids=ids,
+                      trainer_state=None, log_extra=None, log_metric=None)
+        assert out.df[f"reward_{name}"].tolist() == expected
+    assert len(set(out.df["reward_soft_overlong_punishment_reward"])) > 2  # the test covers each branch
 
 
 def test_a_verl_compute_score_dict_return_gives_the_score_and_extra_columns() -> None:

@@ -11,7 +11,9 @@ The styles (the names `style=` takes):
 - "trl": TRL's batch functions, `f(prompts, completions, completion_ids, **columns) -> list`; for
   chat prompts `prompts` are message lists and `completions` are
   `[{"role": "assistant", "content": ...}]`, as TRL passes them. Recognised by a parameter named
-  `prompts`, or `completions` without `prompt`.
+  `prompts`, or `completions` without `prompt`, or `**kwargs` with named parameters all among
+  TRL's batch keywords (prompts, completions, completion_ids, trainer_state, log_extra,
+  log_metric), as TRL's own `f(completion_ids, **kwargs)`.
 - "verl": `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`, one
   row per call; a dict gives `"score"` and its other keys become columns. Recognised by
   `solution_str` and `ground_truth`.
@@ -50,6 +52,9 @@ Style = Literal["trl", "verl", "areal", "row", "columns"]
 STYLES: tuple[str, ...] = ("trl", "verl", "areal", "row", "columns")
 # Per-row values a function can ask for by name besides the DataFrame's columns.
 _PER_ROW_EXTRAS = ("completion_ids", "prompt_ids")
+# The keyword arguments TRL's trainers pass every reward function: the batch and the training hooks.
+_TRL_BATCH_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
+_TRL_HOOKS = ("trainer_state", "log_extra", "log_metric")
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,10 @@ def _params(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
 
 def detect_style(fn: Callable[..., Any]) -> Style:
     """The call style of `fn`, read from its parameter names (see the module docstring)."""
-    names = {p.name for p in _params(fn)[0]}
-    if "prompts" in names:
-        return "trl"
+    params, takes_kwargs = _params(fn)
+    names = {p.name for p in params}
+    if "prompts" in names or (takes_kwargs and names and names <= _TRL_BATCH_NAMES):
+        return "trl"  # e.g. TRL's own `f(completion_ids, **kwargs)`
     if {"solution_str", "ground_truth"} <= names:
         return "verl"
     if "completions" in names:
@@ -196,7 +202,7 @@ def _trl_kwargs(rows: RowBatch, idx: list[int], params: list[inspect.Parameter],
     for p in params:
         if p.name in kwargs:
             continue
-        if p.name == "trainer_state" or p.name in ("log_extra", "log_metric"):
+        if p.name in _TRL_HOOKS:
             kwargs[p.name] = None  # TRL's training hooks: nothing to report to here
         elif p.default is inspect.Parameter.empty or source[p.name] in rows.available():
             col = need(p.name)
