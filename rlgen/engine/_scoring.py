@@ -97,9 +97,12 @@ class ScoringMixin(EngineBase):
                        progress: bool | None = None) -> LogprobCheck:
         """Re-score the rollouts' own tokens (`score(rollouts)`) and compare with their sampled logprobs.
 
-        Returns a `LogprobCheck`: `passed` (None when the two are not comparable), the differences
-        over response tokens, and the bounds used. The default bounds are float rounding on the CPU
-        backend (float32) and bf16 rounding on SGLang; pass `max_diff=` / `mean_diff=` to choose.
+        Returns a `LogprobCheck` that answers two questions apart: `aligned` (no more than 1% of
+        tokens off by more than `max_diff`: catches an off-by-one or another model, which are off
+        by nats) and `weights_match` (mean |diff| within `mean_diff`, the backend's rounding noise:
+        weights that differ by less than that noise cannot be told apart). The default bounds are
+        float rounding on the CPU backend (float32) and bf16 rounding on SGLang (docs/decisions.md,
+        "check_logprobs"); pass `max_diff=` / `mean_diff=` to choose.
 
         Sampled logprobs are comparable with a re-score only when they come from raw logits:
         SGLang reports `log_softmax(logits / temperature)` after penalties and logit bias (and
@@ -123,7 +126,7 @@ class ScoringMixin(EngineBase):
         if not any(rollouts.id_lists("response")):
             raise ValueError("the rollouts have no response tokens to re-score")
         rescored = self.score(rollouts, progress=progress)
-        return check_verdict(compare_logprobs(rollouts, rescored), reason=None, **bounds)
+        return check_verdict(compare_logprobs(rollouts, rescored, off_by=bounds["max_diff"]), reason=None, **bounds)
 
     def _score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], *,
                    progress: bool | None) -> list[dict[str, Any]]:
