@@ -126,6 +126,22 @@ def test_each_returned_value_gets_a_status(value, status, value_out) -> None:
     assert (math.isnan(checked.value) and math.isnan(value_out)) or checked.value == value_out
 
 
+def test_torch_and_numpy_scalars_are_numbers_per_row_and_inside_a_batch_list() -> None:
+    import torch
+
+    for value in (torch.tensor(0.25), torch.tensor([0.25]), torch.tensor(0.25, dtype=torch.float16),
+                  np.float64(0.25), np.array(0.25), np.array([0.25]), {"score": torch.tensor(0.25)}):
+        checked = check_value(value)
+        assert (checked.status, checked.value) == ("ok", 0.25), value
+    assert check_value(torch.tensor(True)).value == 1.0
+    for wrong in (torch.tensor([0.25, 0.5]), np.array([0.25, 0.5]), torch.tensor(float("nan"))):
+        assert check_value(wrong).status == "bad_return"
+    batch = check_values([torch.tensor(1.0), np.float32(0.5), torch.tensor(0)], 3)
+    assert [(c.status, c.value) for c in batch] == [("ok", 1.0), ("ok", 0.5), ("ok", 0.0)]
+    as_tensor = check_values(torch.tensor([1.0, 0.5, 0.0]), 3)
+    assert [(c.status, c.value) for c in as_tensor] == [("ok", 1.0), ("ok", 0.5), ("ok", 0.0)]
+
+
 def test_a_dict_return_keeps_its_other_keys() -> None:
     assert check_value({"score": 1.0, "acc": True}).extra == {"acc": True}
 

@@ -128,6 +128,17 @@ def test_a_string_or_nan_return_is_a_bad_return_for_that_row_only() -> None:
     assert "return a float" in res.df["reward_sloppy_error"][0]
 
 
+def test_a_reward_returning_torch_scalars_is_scored() -> None:
+    import torch
+
+    def tensor_reward(completion: str, answer: str) -> torch.Tensor:
+        return torch.tensor(float(completion.strip() == answer))
+
+    res = make_rollouts().add_rewards(tensor_reward, mode="inline")
+    assert (res.df["reward_tensor_reward_status"] == "ok").all(), res.df["reward_tensor_reward_error"].tolist()
+    assert res.df["reward_tensor_reward"].tolist() == [1, 0, 0, 0, 1, 1, 0, 0]
+
+
 def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
     def broken(completion: str) -> float:
         raise KeyError("oops")

@@ -24,7 +24,8 @@ The styles (the names `style=` takes):
 - "columns": `f(completion, answer, ...)`, one row per call, each parameter filled from the column
   of that name (or the column `columns=` maps it to). Any other signature.
 
-A call's value per row: a number (bool and numpy scalars too) is "ok"; None is "none"; NaN,
+A call's value per row: a number (bool, numpy scalars and 0-d or 1-element numpy arrays and torch
+tensors too) is "ok"; None is "none"; NaN,
 infinity, a string or anything else is "bad_return" with a message saying what came back.
 """
 
@@ -233,7 +234,7 @@ def check_value(value: Any) -> Checked:
         extra = {str(k): v for k, v in value.items() if k != "score"}
         return Checked(inner.value, inner.status, inner.error, extra)
     number: Any = value
-    if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # numpy / torch scalars
+    if hasattr(value, "item") and _elements(value) == 1:  # numpy / torch scalars, 0-d or 1-element
         number = value.item()
     if isinstance(number, bool):
         return Checked(float(number), "ok")
@@ -245,6 +246,19 @@ def check_value(value: Any) -> Checked:
     text = repr(value)
     text = text if len(text) <= 40 else text[:37] + "..."
     return Checked(math.nan, "bad_return", f"returned a {type(value).__name__} ({text}); return a float or None")
+
+
+def _elements(value: Any) -> int | None:
+    """How many elements an array-like holds: torch's `numel()` (its `size` is a method), numpy's
+    `size`; None when it says neither."""
+    numel = getattr(value, "numel", None)
+    if callable(numel):
+        try:
+            return int(numel())
+        except Exception:  # an unknown type's method: not a scalar we can read
+            return None
+    size = getattr(value, "size", 1)
+    return size if isinstance(size, int) else None
 
 
 def check_values(value: Any, n_rows: int) -> list[Checked]:
