@@ -75,3 +75,29 @@ def test_bad_arguments_are_refused() -> None:
         advantages(REWARDS, GROUPS, method="ppo")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="one length"):
         advantages(REWARDS, GROUPS[:-1])
+
+
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "rloo", "batch"])
+def test_constant_groups_of_any_two_decimal_reward_are_flagged_and_get_advantage_exactly_zero(method: str) -> None:
+    # [0.1] * 8 has a floating-point std of ~1e-17, not 0: an exact `std == 0` test misses such groups
+    # and hands their rows advantages of ~1e-12 instead of 0.
+    rng = np.random.default_rng(2024)
+    values = np.round(rng.uniform(-1.0, 2.0, size=2000), 2)
+    rewards = np.repeat(values, 8)
+    groups = np.repeat(np.arange(2000), 8)
+    stats = group_arrays(rewards, groups)
+    assert stats.zero_std.all(), f"{(~stats.zero_std).sum() // 8} of 2000 constant groups not flagged"
+    got = advantages(rewards, groups, method=method)
+    assert (got == 0).all(), f"largest |advantage| of a constant group: {np.abs(got).max():.3g}"
+
+
+def test_the_zero_std_flag_has_trl_tolerance_and_stays_off_for_a_real_spread() -> None:
+    # TRL flags torch.isclose(std, 0): |std| <= 1e-8. A spread just above that is a real (tiny) signal.
+    tiny = group_arrays([0.5, 0.5 + 1e-9, 0.5], [0, 0, 0])
+    small = group_arrays([0.5, 0.5 + 1e-7, 0.5], [0, 0, 0])
+    assert tiny.zero_std.all() and not small.zero_std.any()
+    assert (advantages([0.5, 0.5 + 1e-9, 0.5], [0, 0, 0]) == 0).all()
+    assert (advantages([0.5, 0.5 + 1e-7, 0.5], [0, 0, 0], method="drgrpo") != 0).any()
+    # a constant group of large rewards (std from rounding above 1e-8) is still constant
+    big = np.full(8, 1e9 + 0.3)
+    assert group_arrays(big, np.zeros(8)).zero_std.all() and (advantages(big, np.zeros(8)) == 0).all()

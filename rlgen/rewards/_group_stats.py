@@ -12,6 +12,11 @@ Conventions (TRL's GRPOTrainer defaults, so numbers match what a TRL run would l
   their group's mean and std, and their own advantage is NaN: nothing is invented for them.
 - A group with fewer than two finite rewards has std NaN and advantage 0 for its finite rows: with
   one sample there is nothing to compare against.
+- A group's std counts as zero (`zero_std`) when its finite rewards are all equal or their std is
+  within TRL's tolerance of 0 (`torch.isclose(std, 0)`: std <= 1e-8): floating point gives a
+  constant group of 0.1 a std of ~1e-17, not 0. Every row of such a group gets advantage exactly 0,
+  under every estimator (each one centres on the group mean, so 0 is their value for a constant
+  group), where arithmetic would leave ~1e-12.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ __all__ = ["ADVANTAGE_METHODS", "DEFAULT_EPS", "GroupArrays", "advantages", "gro
 AdvantageMethod = Literal["grpo", "drgrpo", "rloo", "batch"]
 ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "drgrpo", "rloo", "batch")
 DEFAULT_EPS = 1e-4
+# TRL's zero-std test, torch.isclose(std, 0) with its defaults: |std| <= atol + rtol * 0 = 1e-8.
+ZERO_STD_ATOL = 1e-8
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class GroupArrays:
     mean: np.ndarray      # float64: mean of the group's finite rewards (NaN if it has none)
     std: np.ndarray       # float64: their sample std, ddof=1 (NaN below two finite rewards)
     count: np.ndarray     # int64: finite rewards in the group
-    zero_std: np.ndarray  # bool: two or more finite rewards, all equal (no learning signal in GRPO)
+    zero_std: np.ndarray  # bool: two or more finite rewards, all equal or std <= 1e-8 (no learning signal)
 
 
 def _check(rewards: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -61,8 +68,12 @@ def group_arrays(rewards: np.ndarray | Sequence[float], groups: np.ndarray | Seq
         sq = np.bincount(gid, weights=dev * dev, minlength=n_groups)
         std = np.sqrt(sq / (count - 1))
     std[count < 2] = np.nan
-    spread = np.bincount(gid, weights=np.abs(dev), minlength=n_groups)
-    zero = (count >= 2) & (spread == 0)
+    # All equal (max == min, exact at any magnitude) or TRL's tolerance on the std.
+    high = np.full(n_groups, -np.inf)
+    low = np.full(n_groups, np.inf)
+    np.maximum.at(high, gid[finite], r[finite])
+    np.minimum.at(low, gid[finite], r[finite])
+    zero = (count >= 2) & ((high == low) | (std <= ZERO_STD_ATOL))
     return GroupArrays(mean=mean[gid], std=std[gid], count=count[gid].astype(np.int64), zero_std=zero[gid])
 
 
@@ -79,6 +90,9 @@ def advantages(
     - "drgrpo": r - group mean  (Dr. GRPO; TRL `scale_rewards="none"`)
     - "rloo": r - mean of the group's other rewards = n / (n - 1) (r - group mean)  (RLOO)
     - "batch": (r - group mean) / (std of all finite rewards + eps)  (TRL `scale_rewards="batch"`)
+
+    A group flagged `zero_std` (all rewards equal, or std <= 1e-8 as TRL's `torch.isclose`) gets
+    exactly 0 under every method.
     """
     if method not in ADVANTAGE_METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, ADVANTAGE_METHODS))}, got {method!r}")
@@ -86,7 +100,7 @@ def advantages(
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
     r = np.asarray(rewards, dtype=np.float64)
     stats = group_arrays(r, groups)
-    centred = r - stats.mean
+    centred = np.where(stats.zero_std, 0.0, r - stats.mean)  # exactly 0 for a constant group
     single = stats.count < 2
     with np.errstate(invalid="ignore", divide="ignore"):
         if method == "grpo":
