@@ -17,6 +17,9 @@ Conventions (TRL's GRPOTrainer defaults, so numbers match what a TRL run would l
   constant group of 0.1 a std of ~1e-17, not 0. Every row of such a group gets advantage exactly 0,
   under every estimator (each one centres on the group mean, so 0 is their value for a constant
   group), where arithmetic would leave ~1e-12.
+
+Unlike TRL, a NaN reward is not summed as 0 into its group: TRL `nansum`s the reward functions'
+outputs, so a row whose every function failed scores 0 and counts in the mean and std.
 """
 
 from __future__ import annotations
@@ -93,6 +96,12 @@ def advantages(
 
     A group flagged `zero_std` (all rewards equal, or std <= 1e-8 as TRL's `torch.isclose`) gets
     exactly 0 under every method.
+
+    "drgrpo" is Dr. GRPO's advantage only. Dr. GRPO also changes the loss: it drops GRPO's
+    per-sequence 1/|o| length normalisation and divides the summed token losses by a constant (e.g.
+    the generation budget), which is the loss's business, not the advantage's. Notebooks 03 and 04
+    divide by the batch's token count instead (a token-mean over the batch, DAPO style), so they
+    are neither GRPO's per-sequence mean nor Dr. GRPO's constant.
     """
     if method not in ADVANTAGE_METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, ADVANTAGE_METHODS))}, got {method!r}")
