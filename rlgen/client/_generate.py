@@ -13,6 +13,7 @@ Runs on rlgen's background loop (`rlgen.core._loop`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import Callable
@@ -102,14 +103,27 @@ async def run_generate(client: Client, job: GenerateJob, *,
                 if job.stream:
                     await _send_streamed(client, job, payload, first, stop - first)
                 else:
-                    entries = await client.generate(payload)
+                    for attempt in itertools.count():
+                        try:
+                            entries = await client.generate(payload)
+                            break
+                        except RequestError as err:
+                            if not (single and _may_resend(client, err, attempt)):
+                                raise
+                        # Its worker died and the router's retries did not save it: send it again
+                        # (a new rid) after a pause that lets the router's health check drop the worker.
+                        await asyncio.sleep(getattr(client, "resend_backoff_s", 1.0) * (attempt + 1))
+                        for rid in rids:
+                            in_flight.pop(rid, None)
+                        payload, rids = _single_payload(job, first, stop)
+                        in_flight.update(dict.fromkeys(rids))
                     _store(job, first, stop, entries if isinstance(entries, list) else [entries])
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: keep its rids for step 3 to abort
                 raise
             except ServerRequestError as err:
                 raise ServerRequestError(
-                    f"{_prompts(job, first, stop)}: {err}", status=err.status, body=err.body,
+                    f"{_prompts(job, first, stop)}: {err}{_dead_note(client)}", status=err.status, body=err.body,
                     prompt_index=first // job.n,
                 ) from None
             except RequestError as err:
@@ -134,6 +148,24 @@ async def run_generate(client: Client, job: GenerateJob, *,
         await asyncio.gather(*tasks, return_exceptions=True)
         await _abort(client, list(in_flight))
         raise
+
+
+def _may_resend(client: Client, err: RequestError, attempt: int) -> bool:
+    """Behind a router whose workers rlgen owns: whether a request that failed because its worker
+    died goes again (`RouterClient.may_resend`: bounded, and never with no worker left)."""
+    may_resend = getattr(client, "may_resend", None)
+    return bool(may_resend(err, attempt)) if may_resend is not None else False
+
+
+def _dead_note(client: Client) -> str:
+    """For an error message: which owned workers have died (none known: empty)."""
+    dead_workers = getattr(client, "dead_workers", None)
+    dead: list[str] = dead_workers() if dead_workers is not None else []
+    if not dead:
+        return ""
+    alive = getattr(client, "workers_alive", None)
+    none_left = alive is not None and not any(alive().values())
+    return f" (the worker process of {', '.join(dead)} has died{'; no worker is left' if none_left else ''})"
 
 
 def _prompts(job: GenerateJob, first: int, stop: int) -> str:

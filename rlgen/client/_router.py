@@ -13,6 +13,11 @@ server's `Client` in three ways (docs/sglang-api.md section 6 has the probe behi
   worker's /server_info, with the running-request capacity of all of them and the router's own
   answer under "router".
 
+- A request that fails because its worker died (unreachable, or 5xx from the router once its own
+  retries are spent) may be sent again by the generate core: `may_resend` says whether, from what
+  the owner of the workers (`Engine(replicas=N)`) sees of their processes. Off for a router rlgen
+  does not own (`resend_limit` 0): it cannot tell a dead worker from a failing request.
+
 The router adds nothing to a response that says which worker served it (no header, no
 meta_info field), so rows cannot record their worker.
 
@@ -22,13 +27,17 @@ Knows nothing about processes, prompts or results.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..core._errors import RequestError, ServerRequestError, WorkerRequestError
 from ._http import Client
 
-__all__ = ["RouterClient", "Worker", "is_router", "parse_workers"]
+__all__ = ["OWNED_RESEND_LIMIT", "RouterClient", "Worker", "is_router", "parse_workers"]
+
+# How often rlgen re-sends one request whose worker died, behind a router whose workers it owns.
+OWNED_RESEND_LIMIT = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,24 @@ class RouterClient(Client):
         super().__init__(url, **options)
         self._worker_clients: dict[str, Client] = {}
         self.workers: list[Worker] = []  # as the router listed them last
+        # rlgen's own re-sends of a request whose worker died (the router's retries come first);
+        # set by the owner of the workers, with `workers_alive` (worker URL -> its process runs).
+        self.resend_limit = 0
+        self.resend_backoff_s = 1.0
+        self.workers_alive: Callable[[], dict[str, bool]] | None = None
+
+    def may_resend(self, err: RequestError, attempt: int) -> bool:
+        """Whether a request that failed with `err` (its `attempt`-th re-send so far) should go
+        again: it failed as a dead worker's requests do (unreachable or 5xx), a worker's process
+        has died (so that is the likely cause) and another one still runs. Never with no worker left."""
+        if attempt >= self.resend_limit or self.workers_alive is None or not _transient(err):
+            return False
+        alive = self.workers_alive()
+        return any(alive.values()) and not all(alive.values())
+
+    def dead_workers(self) -> list[str]:
+        """The owned workers whose process has exited (empty when rlgen does not own them)."""
+        return [] if self.workers_alive is None else [u for u, ok in self.workers_alive().items() if not ok]
 
     def worker(self, url: str) -> Client:
         """The client for one worker (made once)."""

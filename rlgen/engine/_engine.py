@@ -118,6 +118,14 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
             at once. Not with `keep_alive` (yet).
         gpus: with replicas > 1: GPU indices to place the servers on, server i gets
             `CUDA_VISIBLE_DEVICES=gpus[i % len(gpus)]` (one GPU each, so tp_size x dp_size must be 1).
+        router_args: with replicas > 1: sglang-router flags, as a dict like `server_args`
+            (`{"retry_max_retries": 20}` -> `--retry-max-retries 20`; True -> a bare flag; None or
+            False drops one of rlgen's defaults). They go over rlgen's defaults for the router's
+            health checks and retries, `health_check_interval_secs=1`, `health_failure_threshold=1`,
+            `retry_max_retries=10` (sglang-router's own: 60, 3, 5), so that the requests of a
+            server that dies are retried on a live one (docs/scale-out.md). A request whose server
+            died and that the router could not place is sent again by rlgen (up to 3 times, while
+            another server runs). Not the flags rlgen sets itself (worker URLs, policy, host, port, API key).
     """
 
     _api_key: str | None        # sent as Authorization: Bearer <key>
@@ -154,13 +162,15 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
         dp_size: int = 1,
         replicas: int = 1,
         gpus: Sequence[int] | None = None,
+        router_args: Mapping[str, Any] | None = None,
     ) -> None:
         from ..core._progress import PhaseLine
         from ..server._process import launch_server
 
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ValueError("api_key must be a non-empty string or None")
-        worker_env = check_replicas(replicas, gpus, keep_alive=keep_alive, tp_size=tp_size, dp_size=dp_size)
+        worker_env = check_replicas(replicas, gpus, keep_alive=keep_alive, tp_size=tp_size, dp_size=dp_size,
+                                    router_args=router_args)
         keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self._server: ServerProcess | None = None
@@ -213,7 +223,8 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
         t_server = time.monotonic()
         if replicas > 1:
             self._launch_replicas(argv, replicas, worker_env, line=line, notes=notes, host=host, port=port, env=env,
-                                  log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key)
+                                  log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key,
+                                  router_args=router_args)
             self.start_times["server_s"] = time.monotonic() - t_server
             self._connect_owned(tokenizer, t0)
             return
@@ -253,13 +264,15 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
 
     def _launch_replicas(self, argv: list[str], replicas: int, worker_env: list[dict[str, str]], *, line: Any,
                          notes: list[str], host: str, port: int | None, env: Mapping[str, str] | None,
-                         log_dir: str | os.PathLike[str] | None, startup_timeout: float, api_key: str | None) -> None:
+                         log_dir: str | os.PathLike[str] | None, startup_timeout: float, api_key: str | None,
+                         router_args: Mapping[str, Any] | None) -> None:
         """`replicas` servers and a router in front (rlgen.server._replicas); this Engine talks to the router."""
         try:
             fleet = _replicas.launch_replicas(
                 argv, replicas, concurrent_start=self.backend == "cpu", host=host, port=port, env=env,
                 worker_env=worker_env,
-                log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key, on_phase=line.update)
+                log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key, router_args=router_args,
+                on_phase=line.update)
         except BaseException:
             self._state = EngineState.FAILED
             line.close(ok=False)
@@ -279,6 +292,10 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
             if self._replicas is not None:
                 self._replicas.close()
             raise
+        if isinstance(self._client, _router.RouterClient) and self._replicas is not None:
+            # Ours: rlgen sees the workers' processes, so it may re-send what a dead one dropped.
+            self._client.workers_alive = self._replicas.workers_alive
+            self._client.resend_limit = _router.OWNED_RESEND_LIMIT
         self.start_times["total_s"] = time.monotonic() - t0
 
     def _reattach(self, kept: _keep_alive.Kept, tokenizer: concurrent.futures.Future[Any], line: Any, notes: list[str],
@@ -499,8 +516,14 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
             info.update(owned["router"])
             by_url = {w["url"]: w for w in owned["workers"]}
             for w in info["workers"]:
+                w["router_healthy"] = w["healthy"]  # the router's flag: stale until its next health check
                 w.update(by_url.get(w["url"], {}))
-            info["workers"] += [w for url, w in by_url.items() if url not in {x["url"] for x in info["workers"]}]
+            info["workers"] += [{**w, "healthy": None, "router_healthy": None}
+                                for url, w in by_url.items() if url not in {x["url"] for x in info["workers"]}]
+            for w in info["workers"]:  # what rlgen sees: a dead process is unhealthy, whatever the router says
+                alive = w.pop("alive", None)
+                if alive is False:
+                    w["healthy"] = False
         return info
 
     def __repr__(self) -> str:

@@ -1,6 +1,6 @@
 """The construction helpers of `Engine`: checks and loads that run before or while a server starts.
 
-Owns: checking `replicas=` / `gpus=`, loading the tokenizer in a background thread, stopping
+Owns: checking `replicas=` / `gpus=` / `router_args=`, loading the tokenizer in a background thread, stopping
 servers of dead kernels before a start, whether a host is loopback, durations as text, a kept
 server's registry summary, a tokenizer's pad id, and closing a client at garbage collection.
 Knows nothing about the Engine object itself.
@@ -27,14 +27,16 @@ __all__ = ["check_replicas", "close_client", "duration", "in_background", "is_lo
 
 
 def check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: object, tp_size: int,
-                    dp_size: int) -> list[dict[str, str]]:
-    """Check `replicas=` / `gpus=` before anything starts; the per-worker env overrides (gpus)."""
+                    dp_size: int, router_args: Any = None) -> list[dict[str, str]]:
+    """Check `replicas=` / `gpus=` / `router_args=` before anything starts; the per-worker env overrides (gpus)."""
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
     if gpus is not None and (isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence) or not gpus
                              or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
         raise ValueError(f"gpus must be a non-empty list of GPU indices, e.g. [0, 1], got {gpus!r}")
     if replicas == 1:
+        if router_args is not None:
+            raise ValueError("router_args= configures the router of replicas > 1; one server has no router")
         if gpus is not None:
             raise ValueError("gpus= places replicas (replicas > 1); for one server set CUDA_VISIBLE_DEVICES in env=")
         return []
@@ -42,6 +44,7 @@ def check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: obj
         raise ValueError("replicas > 1 cannot be combined with keep_alive yet: pass one of them")
     if gpus is not None and tp_size * dp_size != 1:
         raise ValueError("gpus= gives each replica one GPU, so tp_size and dp_size must be 1")
+    _replicas.check_router_args(router_args)
     _replicas.check_router_installed()
     return [{"CUDA_VISIBLE_DEVICES": str(gpus[i % len(gpus)])} if gpus is not None else {} for i in range(replicas)]
 

@@ -17,6 +17,11 @@ How:
   released) it would block a worker for 60 s. An API key goes to every worker (`--api-key`) and
   to the router (its `--api-key` is the key it sends to the workers, and the one it requires on
   /generate, /workers, /flush_cache; /health, /get_server_info and /v1/models stay open).
+- The router's health checks and retries: `router_args` (its flags as a dict, over
+  `ROUTER_DEFAULTS`: a health check every second that marks a worker down at its first failure,
+  and 10 retries of a failed request, about 5 s with backoff), so that the requests of a worker
+  that dies are retried on a live one before their tries run out (sglang-router's defaults: checks
+  every 60 s, three failures, 5 retries).
 - Only the router binds the Engine's `host`; the workers always bind loopback, so beyond this
   machine the router (with the key) is the one way in.
 
@@ -43,9 +48,17 @@ from . import _log as _server_log
 from ._process import ServerProcess, free_port, launch_server
 from ._process_tree import ShutdownReport, wait_gpu_memory_released
 
-__all__ = ["ROUTER_POLICY", "Replicas", "check_router_installed", "launch_replicas"]
+__all__ = ["ROUTER_DEFAULTS", "ROUTER_POLICY", "Replicas", "check_router_args", "check_router_installed",
+           "launch_replicas", "router_flags"]
 
 ROUTER_POLICY = "round_robin"
+# rlgen's defaults for the router's health checks and retries (sglang-router 0.3.2 flag names,
+# without "--"); `Engine(replicas=N, router_args={...})` overrides them, None drops one.
+ROUTER_DEFAULTS: dict[str, Any] = {
+    "health_check_interval_secs": 1,
+    "health_failure_threshold": 1,
+    "retry_max_retries": 10,
+}
 _WORKERS_LISTED_TIMEOUT_S = 60.0
 
 
@@ -53,6 +66,36 @@ def check_router_installed() -> None:
     """Raise EngineError if sglang-router cannot be imported (checked before anything starts)."""
     if importlib.util.find_spec("sglang_router") is None:
         raise EngineError("Engine(replicas=N) needs the sglang-router package for its router: pip install sglang-router")
+
+
+def check_router_args(router_args: Mapping[str, Any] | None) -> None:
+    """Refuse a router_args that is not a dict of flag name -> value (before anything starts)."""
+    if router_args is None:
+        return
+    if not isinstance(router_args, Mapping) or not all(isinstance(k, str) and k for k in router_args):
+        raise TypeError("router_args must be a dict of sglang-router flags, e.g. {'retry_max_retries': 20}, "
+                        f"got {router_args!r}")
+    for key in ("worker_urls", "policy", "host", "port", "api_key", "prometheus_port", "prometheus_host"):
+        if key in {k.lstrip("-").replace("-", "_") for k in router_args}:
+            raise ValueError(f"router_args: {key!r} is set by rlgen (use Engine's own option where there is one)")
+
+
+def router_flags(router_args: Mapping[str, Any] | None) -> list[str]:
+    """`ROUTER_DEFAULTS` with `router_args` over them, as router flags: {"retry_max_retries": 10} ->
+    ["--retry-max-retries", "10"]; True -> a bare flag; False or None -> left out (drops a default)."""
+    merged = {k.lstrip("-").replace("-", "_"): v for k, v in {**ROUTER_DEFAULTS, **(router_args or {})}.items()}
+    out: list[str] = []
+    for key, value in merged.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 @dataclass
@@ -80,12 +123,18 @@ class Replicas:
         """Every pid any of the trees had (alive or not), for the GPU-memory check after close."""
         return [pid for s in (self.router, *self.workers) if (t := s._owned.tree) is not None for pid in t.known]
 
+    def workers_alive(self) -> dict[str, bool]:
+        """Worker URL -> whether its process runs (what rlgen sees, not the router's health flag)."""
+        return {w.url: w.alive() for w in self.workers}
+
     def describe(self) -> dict[str, Any]:
-        """pid, url and log path of the router and of each worker."""
+        """pid, url and log path of the router and of each worker; each worker's `alive` and
+        `exit_code` (None while it runs; negative: killed by that signal)."""
         return {
             "router": {"pid": self.router.pid, "url": self.router.url, "log_path": str(self.router.log_path),
                        "prometheus_port": self.metrics_port},
-            "workers": [{"pid": w.pid, "url": w.url, "log_path": str(w.log_path)} for w in self.workers],
+            "workers": [{"pid": w.pid, "url": w.url, "log_path": str(w.log_path), "alive": w.alive(),
+                         "exit_code": w.exit_code} for w in self.workers],
         }
 
 
@@ -101,6 +150,7 @@ def launch_replicas(
     log_dir: str | os.PathLike[str] | None,
     startup_timeout: float,
     api_key: str | None,
+    router_args: Mapping[str, Any] | None = None,
     on_phase: Callable[[str, float], None] | None = None,
 ) -> Replicas:
     """Start `replicas` workers with `argv` on loopback, then the router on `host`:`port`; return once the router lists
@@ -138,7 +188,8 @@ def launch_replicas(
                        "--worker-urls", *(w.url for w in workers),
                        "--policy", ROUTER_POLICY, "--disable-circuit-breaker",
                        "--worker-startup-check-interval", "1",
-                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+                       *router_flags(router_args)]
         if api_key is not None:
             router_argv.append(f"--api-key={api_key}")
         try:
