@@ -139,6 +139,64 @@ def test_a_reward_returning_torch_scalars_is_scored() -> None:
     assert res.df["reward_tensor_reward"].tolist() == [1, 0, 0, 0, 1, 1, 0, 0]
 
 
+def notebook_lines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The text/plain of each state of add_rewards' notebook progress line, as it is replaced."""
+    import IPython.display
+
+    import rlgen.core._progress as progress
+
+    shown: list[str] = []
+
+    class Handle:
+        def update(self, obj, raw=False):
+            shown.append(obj["text/plain"])
+
+    def fake_display(obj, raw=False, display_id=False):
+        shown.append(obj["text/plain"])
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    return shown
+
+
+def test_the_totals_line_counts_statuses_and_has_no_tick_when_rows_failed(monkeypatch) -> None:
+    shown = notebook_lines(monkeypatch)
+
+    def picky(completion: str) -> float:
+        if completion in ("five", "", "seven"):
+            raise ValueError("not a number")
+        return 1.0
+
+    with pytest.warns(UserWarning, match="picky failed on 3 of 8 rows"):
+        make_rollouts().add_rewards([picky, exact], mode="thread", progress=True)
+    assert not shown[-1].startswith("✓") and shown[-1].startswith("⚠ rewards: 13 ok · 3 error · ")
+    make_rollouts().add_rewards(exact, mode="thread", progress=True)
+    assert shown[-1].startswith("✓ rewards: 8 ok · ")
+
+
+def test_a_function_failing_on_many_rows_warns_with_its_name_and_commonest_error() -> None:
+    def mostly_broken(completion: str) -> float:
+        if completion != "4":
+            raise ValueError(f"cannot parse {completion[:1]!r}" if completion.startswith("7") else "cannot parse")
+        return 1.0
+
+    with pytest.warns(UserWarning, match=r"mostly_broken failed on 14 of 16 rows \(14 error\); commonest: "
+                                         r"'ValueError: cannot parse' \(10 rows\)"):
+        make_rollouts(COMPLETIONS * 2).add_rewards(mostly_broken, mode="thread")
+
+    def rarely_broken(completion: str) -> float:
+        if completion == "five":
+            raise ValueError("five")
+        return 1.0
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 2 of 16 rows: not worth a warning (the summary still says so)
+        make_rollouts(COMPLETIONS * 2).add_rewards(rarely_broken, mode="thread")
+
+
 def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
     def broken(completion: str) -> float:
         raise KeyError("oops")

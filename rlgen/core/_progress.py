@@ -58,7 +58,7 @@ def progress_enabled(progress: bool | None, *, environ: dict[str, str] | None = 
 
 
 _MODES = ("auto", "notebook", "terminal")
-_ICONS = {"running": ("⏳", "#555"), "ok": ("✓", "#2a7"), "failed": ("✗", "#c33")}
+_ICONS = {"running": ("⏳", "#555"), "ok": ("✓", "#2a7"), "warn": ("⚠", "#b80"), "failed": ("✗", "#c33")}
 
 
 class _Line:
@@ -281,10 +281,13 @@ class ProgressLine(_Line):
         parts.append(_seconds(elapsed))
         return " · ".join(p for p in parts if p)
 
-    def close(self, ok: bool = True, reason: str | None = None) -> None:
+    def close(self, ok: bool = True, reason: str | None = None, *, totals: str | None = None,
+              warn: bool = False) -> None:
         """Replace the line with the call's totals (or where it stopped). Idempotent.
 
-        Auto mode prints the totals only for a call that ran past its delay: fast calls stay silent.
+        `totals` replaces the count in the totals ("119 ok · 9 timeout"); `warn` marks a call that
+        finished with something wrong (⚠ instead of ✓). Auto mode prints the totals only for a
+        call that ran past its delay: fast calls stay silent.
         """
         if self.closed:
             return
@@ -292,11 +295,12 @@ class ProgressLine(_Line):
         if not self.enabled or (not self.shown and self.elapsed_s < self._delay_s):
             return
         if ok:
-            text = f"{self.label}: {self.summary()}"
+            summary = self.summary() if totals is None else f"{totals} · {_seconds(self.elapsed_s)}"
+            text = f"{self.label}: {summary}"
         else:
             why = f" ({reason})" if reason else ""
             text = f"{self.label}: stopped after {min(self.done, self.total):,}/{_count(self.total, self.unit)}{why} · {_seconds(self.elapsed_s)}"
-        self._render(text, state="ok" if ok else "failed", final=True)
+        self._render(text, state=("warn" if warn else "ok") if ok else "failed", final=True)
 
     def __enter__(self) -> ProgressLine:
         return self

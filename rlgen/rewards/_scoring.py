@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,11 +38,15 @@ from . import _group_stats
 from . import _styles as _reward_styles
 from ._styles import STYLES, RowBatch, Style
 
-__all__ = ["RewardFunctions", "count_functions", "rewards_columns", "warn_notes"]
+__all__ = ["RewardFunctions", "count_functions", "rewards_columns", "status_totals", "warn_notes"]
 
 RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
 Mode = Literal["process", "thread", "inline"]  # checked by _options.RewardOptions
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STATUSES = ("ok", "none", "error", "timeout", "bad_return", "cancelled")
+_FAILED = ("error", "timeout", "bad_return")
+# A function failing on more rows than both of these gets a warning naming it and its commonest error.
+_WARN_ROWS, _WARN_FRACTION = 2, 0.05
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ def rewards_columns(rows: RowBatch, groups: np.ndarray, funcs: RewardFunctions, 
         outcomes, interrupted = _run(f, calls, mode=mode, timeout=timeout, workers=workers, on_progress=on_progress)
         cols = _function_columns(f.name, calls, outcomes, len(rows), batch=f.style == "trl")
         out.update(cols)
+        notes.extend(_failure_notes(f.name, cols[f"reward_{f.name}_status"], cols[f"reward_{f.name}_error"]))
         values.append((f.weight, np.asarray(cols[f"reward_{f.name}"], dtype=np.float64)))
         if interrupted:
             left = sum(s == "cancelled" for s in cols[f"reward_{f.name}_status"])
@@ -248,6 +254,30 @@ def _weighted_sum(values: list[tuple[float, np.ndarray]]) -> np.ndarray:
     finite = np.isfinite(stacked)
     total = np.where(finite, stacked, 0.0).sum(axis=0)
     return np.where(finite.any(axis=0), total, np.nan)
+
+
+def _failure_notes(name: str, status: Sequence[str], error: Sequence[str | None]) -> list[str]:
+    """A warning when `name` failed (error / timeout / bad_return) on more than a few rows."""
+    failed = [i for i, s in enumerate(status) if s in _FAILED]
+    if len(failed) <= _WARN_ROWS or len(failed) <= _WARN_FRACTION * len(status):
+        return []
+    kinds = Counter(status[i] for i in failed)
+    breakdown = ", ".join(f"{kinds[k]} {k}" for k in _FAILED if kinds[k])
+    (commonest, count), = Counter(error[i] or status[i] for i in failed).most_common(1)
+    return [f"{name} failed on {len(failed)} of {len(status)} rows ({breakdown}); commonest: {commonest!r} "
+            f"({count} rows); see reward_{name}_error and res.reward_summary()"]
+
+
+def status_totals(cols: Mapping[str, Any]) -> tuple[str, bool]:
+    """The totals of `rewards_columns`' status columns, e.g. "119 ok · 9 timeout", and whether any
+    row of any function did not score ok or none."""
+    counts: Counter[str] = Counter()
+    for key, column in cols.items():
+        if key.startswith("reward_") and key.endswith("_status") and key[:-len("_status")] in cols:
+            counts.update(column)
+    order = [s for s in STATUSES if counts[s]] + sorted(s for s in counts if s not in STATUSES)
+    text = " · ".join(f"{counts[s]:,} {s}" for s in order)
+    return text, any(counts[s] for s in counts if s not in ("ok", "none"))
 
 
 def warn_notes(notes: list[str]) -> None:

@@ -60,11 +60,13 @@ class RewardMethods:
         `reward_<name>_seconds`; then `reward` (weighted sum, NaN when every function gave NaN),
         `group_mean`, `group_std`, `group_zero_std` and `advantage` per prompt group. Ctrl-C stops
         scoring and keeps what was scored (the rest is marked "cancelled", with a warning).
-        Everything is checked before any function runs.
+        Everything is checked before any function runs. The progress line ends with the count of
+        each status ("✓ rewards: 128 ok", "⚠ rewards: 119 ok · 9 timeout"), and a function that
+        failed on more than a few rows (> 2 and > 5%) gets a warning with its commonest error.
         """
         from ..core._options import resolve
         from ..core._progress import ProgressLine
-        from ..rewards._scoring import count_functions, rewards_columns, warn_notes
+        from ..rewards._scoring import count_functions, rewards_columns, status_totals, warn_notes
         from ._groups import group_keys, row_batch
 
         opts = resolve(RewardOptions, options)
@@ -72,6 +74,8 @@ class RewardMethods:
                          data_columns=self.data_columns)
         with ProgressLine("rewards", total=len(self) * count_functions(funcs), unit="score", show=opts["progress"]) as line:
             cols, notes = rewards_columns(rows, group_keys(self._df), funcs, opts, on_progress=line.advance)
+            totals, failed = status_totals(cols)
+            line.close(totals=totals, warn=failed)  # "⚠ rewards: 119 ok · 9 timeout · 15.5 s"
         warn_notes(notes)
         return self.with_columns(cols)
 
