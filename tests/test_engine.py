@@ -620,6 +620,13 @@ def test_per_prompt_data_joins_every_sample_of_its_prompt_and_chats_keep_their_m
         engine.generate(chats, max_new_tokens=1, data={"answer": ["A"]})
 
 
+@pytest.mark.parametrize("name", ["completion", "reward", "advantage", "group_mean", "group_zero_std", "ttft_s"])
+def test_data_columns_named_like_rlgen_s_own_are_refused_before_anything_is_sent(engine, name: str) -> None:
+    # `reward`, `advantage`, `group_*` were accepted, then overwritten by add_rewards with a warning.
+    with pytest.raises(ValueError, match=rf"\['{name}'\] would replace rlgen's own.*Names rlgen writes itself: .*advantage"):
+        engine.generate(["hi"], max_new_tokens=1, data={name: [1]})
+
+
 @cpu_only
 @pytest.mark.timeout(180)
 def test_a_server_with_an_api_key_refuses_requests_without_it_and_the_engine_sends_it(model_path: str) -> None:

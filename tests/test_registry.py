@@ -170,3 +170,11 @@ def test_unreadable_registry_files_are_skipped() -> None:
     (_registry.registry_dir() / "123.json").write_text("{not json")
     assert list_servers() == [] and reap() == []
     assert (_registry.registry_dir() / "123.json").exists()
+
+
+def test_the_registry_directory_is_tightened_to_0700_when_it_exists_with_wider_permissions() -> None:
+    directory = _registry.registry_dir()
+    directory.mkdir(parents=True, mode=0o755)
+    directory.chmod(0o755)
+    assert _registry.private_registry_dir() == directory
+    assert directory.stat().st_mode & 0o777 == 0o700
