@@ -197,6 +197,29 @@ def test_a_function_failing_on_many_rows_warns_with_its_name_and_commonest_error
         make_rollouts(COMPLETIONS * 2).add_rewards(rarely_broken, mode="thread")
 
 
+def test_a_row_where_every_function_failed_has_nan_reward_and_stays_out_of_its_groups_stats() -> None:
+    def only_digits(completion: str) -> float | None:
+        if not completion.strip().isdigit():
+            raise ValueError("no digits")
+        return float(completion.strip()) / 10
+
+    def digits_or_none(completion: str) -> float | None:
+        return 1.0 if completion.strip().isdigit() else None
+
+    with pytest.warns(UserWarning, match="only_digits failed on 4 of 8 rows"):
+        res = make_rollouts().add_rewards([only_digits, digits_or_none], mode="thread")
+    df = res.df
+    failed = [1, 2, 3, 7]  # "The answer is 4", "five", "", "seven": no function gave a number
+    assert df["reward"].isna().tolist() == [i in failed for i in range(8)]
+    scored = {0: 1.4, 4: 1.7, 5: 1.7, 6: 1.8}
+    assert df["reward"][list(scored)].tolist() == pytest.approx(list(scored.values()))
+    # group 0 has one scored row, group 1 three: their means and stds ignore the failed rows
+    assert df["group_mean"].tolist()[:4] == pytest.approx([1.4] * 4)
+    assert df["group_mean"].tolist()[4:] == pytest.approx([(1.7 + 1.7 + 1.8) / 3] * 4)
+    assert df["group_std"][4] == pytest.approx(np.std([1.7, 1.7, 1.8], ddof=1))
+    assert df["advantage"][failed].isna().all()
+
+
 def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
     def broken(completion: str) -> float:
         raise KeyError("oops")
