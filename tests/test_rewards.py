@@ -88,6 +88,18 @@ def test_trls_own_token_id_rewards_taking_only_completion_ids_run_as_trl_would_c
     assert len(set(out.df["reward_soft_overlong_punishment_reward"])) > 2  # the test covers each branch
 
 
+def test_a_batch_function_returning_too_many_values_is_never_cut_to_the_row_count() -> None:
+    def trl_long(prompts, completions, **kwargs):
+        return [1.0] * (len(completions) + 1)
+
+    with pytest.warns(UserWarning, match="trl_long failed on 8 of 8 rows"):
+        res = make_rollouts().add_rewards(trl_long, mode="thread", batch_size=3)
+    assert (res.df["reward_trl_long_status"] == "bad_return").all() and res.df["reward_trl_long"].isna().all()
+    assert res.df["reward_trl_long_error"].tolist() == [
+        "returned 4 values for 3 completions; return one value (or None) per completion"] * 6 + [
+        "returned 3 values for 2 completions; return one value (or None) per completion"] * 2
+
+
 def test_a_verl_compute_score_dict_return_gives_the_score_and_extra_columns() -> None:
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
