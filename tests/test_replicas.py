@@ -105,11 +105,15 @@ def test_replicas_refuses_keep_alive_and_a_missing_router(isolated: str, model_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_worker_killed_mid_call_leaves_the_call_whole_on_the_live_worker(isolated: str, model_path: str) -> None:
+@pytest.mark.parametrize("router_args", [None, {"disable_retries": True, "health_check_interval_secs": 60}],
+                         ids=["router-retries", "rlgen-resends"])
+def test_a_worker_killed_mid_call_leaves_the_call_whole_on_the_live_worker(
+        isolated: str, model_path: str, router_args: dict[str, Any] | None) -> None:
     """A worker's process group SIGKILLed while 64 prompts run: the router (rlgen's default health
-    checks and retries) or rlgen's own re-send puts its rows on the live worker, so the call returns
-    every row whole; `info` then reports the dead worker unhealthy, with its exit code."""
-    eng = rlgen.Engine(model_path, backend="cpu", replicas=2, progress=False)
+    checks and retries) or, with the router's retries off, rlgen's own re-send puts its rows on the
+    live worker, so the call returns every row whole; `info` then reports the dead worker unhealthy,
+    with its exit code."""
+    eng = rlgen.Engine(model_path, backend="cpu", replicas=2, progress=False, router_args=router_args)
     try:
         workers = eng.info["router"]["workers"]
         victim, survivor = workers[1], workers[0]
@@ -146,6 +150,10 @@ def test_a_worker_killed_mid_call_leaves_the_call_whole_on_the_live_worker(isola
         assert len(res) == 64 and res.df.error.isna().all()
         assert not res.df.finish_reason.isin(["abort", "error"]).any()
         assert (res.df.completion_tokens == 24).all()
+        resent = eng._client.resent  # type: ignore[attr-defined]
+        print(f"call: {time.monotonic() - t0:.1f} s, re-sent by rlgen: {resent}")
+        if router_args is not None:  # the router did not retry: rlgen did
+            assert resent > 0
 
         # What rlgen saw: the owned worker's process is dead, whatever the router still says.
         after = {w["url"]: w for w in eng.info["router"]["workers"]}

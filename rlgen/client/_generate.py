@@ -103,16 +103,20 @@ async def run_generate(client: Client, job: GenerateJob, *,
                 if job.stream:
                     await _send_streamed(client, job, payload, first, stop - first)
                 else:
+                    sender = client
                     for attempt in itertools.count():
                         try:
-                            entries = await client.generate(payload)
+                            entries = await sender.generate(payload)
                             break
                         except RequestError as err:
                             if not (single and _may_resend(client, err, attempt)):
                                 raise
                         # Its worker died and the router's retries did not save it: send it again
-                        # (a new rid) after a pause that lets the router's health check drop the worker.
-                        await asyncio.sleep(getattr(client, "resend_backoff_s", 1.0) * (attempt + 1))
+                        # (a new rid), after a pause, straight to a live worker (the router may still
+                        # pick the dead one until its health check drops it).
+                        await asyncio.sleep(getattr(client, "resend_backoff_s", 1.0) * attempt)
+                        live_worker = getattr(client, "live_worker", None)
+                        sender = (live_worker() if live_worker is not None else None) or client
                         for rid in rids:
                             in_flight.pop(rid, None)
                         payload, rids = _single_payload(job, first, stop)

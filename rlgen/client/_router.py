@@ -16,7 +16,9 @@ server's `Client` in three ways (docs/sglang-api.md section 6 has the probe behi
 - A request that fails because its worker died (unreachable, or 5xx from the router once its own
   retries are spent) may be sent again by the generate core: `may_resend` says whether, from what
   the owner of the workers (`Engine(replicas=N)`) sees of their processes. Off for a router rlgen
-  does not own (`resend_limit` 0): it cannot tell a dead worker from a failing request.
+  does not own (`resend_limit` 0): it cannot tell a dead worker from a failing request. A re-send
+  goes straight to a live worker (`live_worker`): the router may still pick the dead one until
+  its health check marks it down.
 
 The router adds nothing to a response that says which worker served it (no header, no
 meta_info field), so rows cannot record their worker.
@@ -100,6 +102,8 @@ class RouterClient(Client):
         self.resend_limit = 0
         self.resend_backoff_s = 1.0
         self.workers_alive: Callable[[], dict[str, bool]] | None = None
+        self.resent = 0  # requests rlgen sent again so far
+        self._next_live = -1
 
     def may_resend(self, err: RequestError, attempt: int) -> bool:
         """Whether a request that failed with `err` (its `attempt`-th re-send so far) should go
@@ -108,7 +112,21 @@ class RouterClient(Client):
         if attempt >= self.resend_limit or self.workers_alive is None or not _transient(err):
             return False
         alive = self.workers_alive()
-        return any(alive.values()) and not all(alive.values())
+        if any(alive.values()) and not all(alive.values()):
+            self.resent += 1
+            return True
+        return False
+
+    def live_worker(self) -> Client | None:
+        """A worker whose process runs (in turn), for a re-send: straight to it, since the router may
+        still send to the dead one until its health check notices. None when rlgen does not own them."""
+        if self.workers_alive is None:
+            return None
+        live = [u for u, ok in self.workers_alive().items() if ok]
+        if not live:
+            return None
+        self._next_live = (self._next_live + 1) % len(live)
+        return self.worker(live[self._next_live])
 
     def dead_workers(self) -> list[str]:
         """The owned workers whose process has exited (empty when rlgen does not own them)."""
