@@ -117,6 +117,9 @@ def _resolve(funcs: RewardFunctions, *, weights: Mapping[str, float] | Sequence[
     elif callable(funcs):
         named = [(_default_name(funcs), funcs)]
     elif isinstance(funcs, (list, tuple)):
+        for k, f in enumerate(funcs, 1):
+            if not callable(f):
+                raise TypeError(f"reward #{k} is a {type(f).__name__}, not a function")
         named = [(_default_name(f), f) for f in funcs]
     else:
         raise TypeError(f"funcs must be a function, a list of functions or a dict name -> function, "
@@ -124,9 +127,9 @@ def _resolve(funcs: RewardFunctions, *, weights: Mapping[str, float] | Sequence[
     if not named:
         raise ValueError("give at least one reward function")
     names = [n for n, _ in named]
-    for name, fn in named:
+    for k, (name, fn) in enumerate(named, 1):
         if not callable(fn):
-            raise TypeError(f"reward {name!r} is a {type(fn).__name__}, not a function")
+            raise TypeError(f"reward #{k} ({name!r}) is a {type(fn).__name__}, not a function")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"reward name {name!r} is not usable as a column suffix; name it with a dict "
                              "{'my_reward': fn} (letters, digits, underscores)")
