@@ -1,26 +1,42 @@
 """`ab`: does checkpoint B differ from checkpoint A on the same prompts? `ABReport`: the answer.
 
 Owns: the per-prompt metrics of two results generated for the same prompts (mean reward, mean
-completion length, the share of each finish reason, pass@k), their comparison by a paired bootstrap
-over prompts (a prompt is one pair: its value under A and its value under B), the verdict per
-metric, and `ABReport` with its table, HTML and forest plot. Knows nothing about servers, weights,
-or how samples and rewards were made: it reads two `Rollouts`' df and prompt ids; the pass@k
-estimator is `_group_stats.pass_at_k`, correctness `_reward_summary.correct_mask`, and figures are
-made through `_plots`.
+completion length, the share of each finish reason, pass@k), their comparison by a paired t
+interval over prompts (a prompt is one pair: its value under A and its value under B), the verdict
+per metric, and `ABReport` with its table, HTML and forest plot. Knows nothing about servers,
+weights, or how samples and rewards were made: it reads two `Rollouts`' df and prompt ids; the
+pass@k estimator is `_group_stats.pass_at_k`, correctness `_reward_summary.correct_mask`, and
+figures are made through `_plots`.
 
-The bootstrap: each metric is first reduced to one value per prompt and side; the prompts where
-both sides have a value are resampled with replacement `n_boot` times (numpy `Generator(seed)`,
-the same draws for every metric that keeps the same prompts), and the interval is the central
-`confidence` share of the resampled mean differences B - A. Pairing removes the spread between
-prompts (easy and hard ones) from the difference, which is why it needs the same prompts on both
-sides.
+The interval: each metric is first reduced to one value per prompt and side; over the m prompts
+where both sides have a value, the per-prompt differences d = B - A give the interval
+
+    mean(d) ± t_{(1 + confidence) / 2, m - 1} · std(d, ddof=1) / sqrt(m)
+
+(Student's t quantile with m - 1 degrees of freedom, computed here from the regularised incomplete
+beta function: no scipy). Pairing removes the spread between prompts (easy and hard ones) from the
+difference, which is why it needs the same prompts on both sides. The interval is exact when the
+differences are normal and has no randomness (the same inputs give the same interval).
+
+Why not a bootstrap: the percentile bootstrap over prompts that `ab` used before is too narrow at
+the prompt counts an A/B sees. Its half-width is about z · std · sqrt((m - 1) / m) / sqrt(m)
+where the t interval's is t_{m-1} · std / sqrt(m): 15% narrower at 10 prompts. In a simulation
+(4,000 comparisons per cell, nominal 90%; normal, Beta(1, 4), Beta(2, 5) and binomial-of-8
+per-prompt differences) it covered the true mean difference 84-85% at 10 prompts, 86-87% at 20
+and 88-90% at 50, where the t interval covered 88-90%, 89-90% and 89-90%; a BCa bootstrap was no
+better than the percentile one at 10 prompts (83-85%). With strongly skewed differences the t
+interval falls short too (exponential, 10 prompts: 85%, the bootstrap 80%); hence no verdict
+below MIN_PROMPTS.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import math
+import warnings
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,12 +52,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ABReport", "ab"]
 
-# Resampled prompt indices drawn per block: bounds the memory of one block to about 8 MB.
-_BLOCK = 1_000_000
 # Direction, not merit (a lower length may be the goal): blue for higher under B, orange for lower.
 _HIGHER, _LOWER, _NOISE = "#1f5fa8", "#b35a00", "#888888"
-# Below this many prompts a percentile bootstrap over prompts is too narrow to trust (with 4
-# prompts it excludes 0 whenever all four move the same way): no verdict.
+# Below this many prompts the interval rests on a std estimated from a handful of differences and
+# on their being near normal, which per-prompt means of a few 0/1 rewards are not: no verdict.
 MIN_PROMPTS = 10
 
 
@@ -54,9 +68,9 @@ def ab(
     correct: str | None = None,
     threshold: float = 1.0,
     k: int | Sequence[int] | None = None,
-    n_boot: int = 2000,
     confidence: float = 0.9,
-    seed: int | None = 0,
+    n_boot: int | None = None,
+    seed: int | None = None,
 ) -> ABReport:
     """Compare two checkpoints' generations for the same prompts, metric by metric.
 
@@ -73,9 +87,9 @@ def ab(
         k: the pass@k values to report; default 1 and the smallest number of samples of any prompt
             on either side. A prompt with fewer than k samples on either side is left out of
             pass@k (and `notes` says how many were).
-        n_boot: bootstrap resamples.
-        confidence: the share of resampled differences inside the interval.
-        seed: seeds numpy's `Generator`, so the same inputs give the same intervals.
+        confidence: the interval's nominal coverage of the mean difference (0.9: a 90% interval).
+        n_boot, seed: no longer used (the interval was a bootstrap; the t interval does not
+            resample): accepted, with a DeprecationWarning, so older calls still run.
 
     Returns:
         An `ABReport`: `df` (one row per metric: metric, A, B, diff, low, high, verdict, prompts),
@@ -101,14 +115,13 @@ def ab(
         if not isinstance(value, Rollouts):
             raise TypeError(f"{name} must be a Rollouts, got {type(value).__name__}")
     names = two_labels(labels)
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise ValueError(f"n_boot must be an int >= 1 (2000 is usual), got {n_boot!r}")
+    if n_boot is not None or seed is not None:
+        warnings.warn("rlgen.ab: n_boot and seed do nothing any more: the interval is a paired t interval over "
+                      "prompts (no resampling, no randomness); drop them", DeprecationWarning, stacklevel=2)
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise ValueError(f"confidence must be a number between 0 and 1, e.g. 0.9, got {confidence!r}")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
         raise TypeError(f"threshold must be a number, got {threshold!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int or None, got {seed!r}")
 
     # 2) the prompts: the same on both sides
     prompts = _common_prompts(a, b)
@@ -116,42 +129,39 @@ def ab(
     # 3) one value per prompt and side for each metric
     metrics, notes = _metrics(a.df, b.df, prompts, reward=reward, correct=correct, threshold=float(threshold), k=k)
 
-    # 4) the paired bootstrap of each metric
-    rows = [_compare_metric(name, va, vb, label_b=names[1], n_boot=n_boot, confidence=float(confidence), seed=seed)
-            for name, va, vb in metrics]
+    # 4) the paired t interval of each metric
+    rows = [_compare_metric(name, va, vb, label_b=names[1], confidence=float(confidence)) for name, va, vb in metrics]
     samples = pd.DataFrame({"A": _counts(a.df, prompts), "B": _counts(b.df, prompts)},
                            index=pd.Index(prompts, name="prompt_index"))
-    return ABReport(df=pd.DataFrame(rows), samples=samples, labels=names, notes=notes, n_boot=n_boot,
-                    confidence=float(confidence), seed=seed)
+    return ABReport(df=pd.DataFrame(rows), samples=samples, labels=names, notes=notes, confidence=float(confidence))
 
 
 class ABReport:
     """What `rlgen.ab(a, b)` found: one row per metric with both means, the difference and its interval.
 
     - `df`: metric, A, B (means over the prompts used), diff (B - A), low, high (the paired
-      bootstrap interval of diff), verdict ("<B> higher" / "<B> lower" when the interval excludes 0,
-      "noise" when it does not, "too few prompts" below MIN_PROMPTS = 10 prompts, where a bootstrap over prompts is too narrow to trust), prompts (how many were used).
+      t interval of diff), verdict ("<B> higher" / "<B> lower" when the interval excludes 0,
+      "noise" when it does not, "too few prompts" below MIN_PROMPTS = 10 prompts, where the
+      interval is not to be trusted), prompts (how many were used).
     - `samples`: samples per prompt on each side (columns A and B, indexed by prompt_index).
     - `notes`: what was left out and why (NaN rewards, prompts with too few samples for a pass@k).
-    - `labels`, `n_boot`, `confidence`, `seed`; `plot()`: a forest plot of the differences.
+    - `labels`, `confidence`; `plot()`: a forest plot of the differences.
     """
 
     def __init__(self, *, df: pd.DataFrame, samples: pd.DataFrame, labels: tuple[str, str], notes: list[str],
-                 n_boot: int, confidence: float, seed: int | None) -> None:
+                 confidence: float) -> None:
         """Made by `ab`."""
         self.df = df
         self.samples = samples
         self.labels = labels
         self.notes = notes
-        self.n_boot = n_boot
         self.confidence = confidence
-        self.seed = seed
 
     @property
     def interval_note(self) -> str:
         """What the interval is, in one line."""
-        return (f"{self.confidence * 100:g}% paired bootstrap interval over {len(self.samples)} prompts, "
-                f"{self.n_boot} resamples")
+        return (f"{self.confidence * 100:g}% paired t interval over {len(self.samples)} prompts "
+                "(mean difference ± t with n − 1 df × standard error)")
 
     def __repr__(self) -> str:
         la, lb = self.labels
@@ -344,15 +354,14 @@ def _correct_counts(df: pd.DataFrame, ok: np.ndarray, prompts: list[int]) -> np.
     return np.asarray(counts.reindex(prompts).to_numpy(dtype=np.int64))
 
 
-# -- the bootstrap ---------------------------------------------------------------------------------
-def _compare_metric(name: str, va: np.ndarray, vb: np.ndarray, *, label_b: str, n_boot: int, confidence: float,
-                    seed: int | None) -> dict[str, Any]:
+# -- the interval ----------------------------------------------------------------------------------
+def _compare_metric(name: str, va: np.ndarray, vb: np.ndarray, *, label_b: str, confidence: float) -> dict[str, Any]:
     """One row of `ABReport.df`: both means over the prompts where both sides have a value, the
-    mean difference, its paired bootstrap interval and the verdict."""
+    mean difference, its paired t interval and the verdict."""
     kept = ~(np.isnan(va) | np.isnan(vb))
     diff = vb[kept] - va[kept]
     m = int(kept.sum())
-    low, high = _interval(diff, n_boot=n_boot, confidence=confidence, seed=seed)
+    low, high = _interval(diff, confidence=confidence)
     if m < MIN_PROMPTS:
         verdict = "too few prompts"
     elif low > 0:
@@ -368,21 +377,85 @@ def _compare_metric(name: str, va: np.ndarray, vb: np.ndarray, *, label_b: str, 
             "verdict": verdict, "prompts": m}
 
 
-def _interval(diff: np.ndarray, *, n_boot: int, confidence: float, seed: int | None) -> tuple[float, float]:
-    """The central `confidence` interval of the mean of `diff` over `n_boot` resamples of its
-    entries with replacement; NaN below two entries."""
+def _interval(diff: np.ndarray, *, confidence: float) -> tuple[float, float]:
+    """The paired t interval of the mean of `diff`: mean ± t_{(1+confidence)/2, m-1} · s / sqrt(m),
+    s the sample std (ddof=1); NaN below two entries, [mean, mean] when all entries are equal."""
     m = diff.size
     if m < 2:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_boot, dtype=np.float64)
-    block = max(1, _BLOCK // m)
-    for start in range(0, n_boot, block):
-        size = min(block, n_boot - start)
-        means[start : start + size] = diff[rng.integers(0, m, size=(size, m))].mean(axis=1)
-    tail = (1.0 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return float(low), float(high)
+    centre = float(diff.mean())
+    spread = float(diff.std(ddof=1))
+    if spread == 0:
+        return centre, centre
+    half = _t_quantile((1.0 + confidence) / 2, m - 1) * spread / math.sqrt(m)
+    return centre - half, centre + half
+
+
+@functools.lru_cache(maxsize=256)
+def _t_quantile(p: float, df: int) -> float:
+    """Student's t quantile: the t with P(T <= t) = p for T with `df` degrees of freedom, 0.5 < p < 1.
+
+    Newton steps on the upper tail P(T > t) = I_{df / (df + t²)}(df / 2, 1 / 2) / 2, kept inside a
+    bracket (bisection where a step leaves it); within 1e-9 relative of the exact value (checked
+    against mpmath at 40 digits for df from 1 to 99,999)."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"_t_quantile needs 0.5 < p < 1 and df >= 1, got p={p!r}, df={df!r}")
+    tail = 1.0 - p
+    low, high = 0.0, max(1.0, NormalDist().inv_cdf(p))
+    while _t_upper(high, df) > tail:
+        low, high = high, 2 * high
+    t = high
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    for _ in range(200):
+        excess = _t_upper(t, df) - tail
+        if excess > 0:
+            low = t
+        else:
+            high = t
+        density = math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+        step = t + excess / density
+        step = step if low < step < high else (low + high) / 2
+        if abs(step - t) <= 1e-14 * max(1.0, t):
+            return step
+        t = step
+    return t
+
+
+def _t_upper(t: float, df: int) -> float:
+    """P(T > t) for t >= 0."""
+    return 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction (Lentz), on the
+    side of the symmetry I_x(a, b) = 1 - I_{1-x}(b, a) where the fraction converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+
+    def guard(v: float) -> float:
+        return tiny if abs(v) < tiny else v
+
+    c, d = 1.0, 1.0 / guard(1.0 - (a + b) * x / (a + 1))
+    h = d
+    for k in range(1, 100_000):
+        for coeff in (k * (b - k) * x / ((a + 2 * k - 1) * (a + 2 * k)),
+                      -(a + k) * (a + b + k) * x / ((a + 2 * k) * (a + 2 * k + 1))):
+            d = 1.0 / guard(1.0 + coeff * d)
+            c = guard(1.0 + coeff / c)
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            return h
+    raise ArithmeticError(f"the incomplete beta fraction did not converge for a={a}, b={b}, x={x}")
 
 
 # -- display ---------------------------------------------------------------------------------------
