@@ -232,6 +232,29 @@ def test_a_row_where_every_function_failed_has_nan_reward_and_stays_out_of_its_g
     assert df["advantage"][failed].isna().all()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_function_that_hangs_on_every_row_is_called_no_more_after_3_timeouts_in_a_row(monkeypatch, mode) -> None:
+    shown = notebook_lines(monkeypatch)
+
+    def hangs(completion: str) -> float:
+        time.sleep(3600)
+        return 1.0
+
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="hangs failed on .* stopped after 3 timeouts in a row"):
+        res = make_rollouts(COMPLETIONS * 2).add_rewards([hangs, exact], mode=mode, timeout=1, workers=2,
+                                                         progress=True)
+    assert time.monotonic() - started < 8  # not 16 rows x 1 s / 2 workers
+    status = res.df["reward_hangs_status"]
+    assert 3 <= (status == "timeout").sum() <= 4 and (status == "skipped").sum() == 16 - (status == "timeout").sum()
+    assert res.df.loc[status == "skipped", "reward_hangs_error"].eq("Skipped: stopped after 3 timeouts in a row").all()
+    assert (res.df["reward_exact_status"] == "ok").all() and res.df["reward"].notna().all()
+    assert "hangs stopped after 3 timeouts in a row" in shown[-1] and " skipped" in shown[-1]
+    flags = "\n".join(res.reward_summary().flags)
+    assert "hangs: stopped after 3 timeouts in a row;" in flags
+
+
 def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
     def broken(completion: str) -> float:
         raise KeyError("oops")

@@ -25,6 +25,9 @@ Modes:
 - **inline** (for debugging): calls run one by one in the calling thread, with no timeout, and
   exceptions propagate to the caller, where `%debug` can inspect them.
 
+With `give_up_after=N`, a function that timed out on N calls in a row (none ok in between) is
+called no more: the run stops as after Ctrl-C, and the calls not finished get status "skipped".
+
 Ctrl-C while waiting (process and thread modes, and inline between or inside calls) stops the run
 promptly: process workers that were running calls are killed, and `RunInterrupted` (a
 KeyboardInterrupt) is raised with `.outcomes`: what finished, and "cancelled" for the rest.
@@ -40,11 +43,11 @@ import inspect
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ._exec_pool import _cpu_count, _ProcessRun, close_pools
 from ._exec_threads import _run_threads
-from ._exec_types import Call, Mode, Outcome
+from ._exec_types import Call, Mode, Outcome, Status
 from ._exec_worker import _awaited
 
 __all__ = ["Call", "Mode", "Outcome", "RunInterrupted", "close_pools", "run_calls"]
@@ -71,6 +74,7 @@ def run_calls(
     batch_size: int | None = None,
     concurrency: int = 8,
     on_progress: Callable[[int], None] | None = None,
+    give_up_after: int | None = None,
 ) -> list[Outcome]:
     """Call `fn` once per `Call` and return one `Outcome` per call, in order.
 
@@ -89,6 +93,9 @@ def run_calls(
         concurrency: for async functions, calls awaited at once: per worker process in process mode,
             in all in thread mode.
         on_progress: called with the number of calls just finished, as they finish (in this thread).
+        give_up_after: after this many timeouts in a row (no call ok in between), stop calling `fn`:
+            the calls running are stopped as after Ctrl-C and every call not finished gets status
+            "skipped" (error "Skipped: stopped after N timeouts in a row"). None: never give up.
 
     Raises:
         TypeError / ValueError: bad arguments, before anything runs; TypeError also when `fn` cannot
@@ -106,6 +113,8 @@ def run_calls(
     if mode == "inline":
         return _run_inline(fn, calls, progress)
     outcomes: list[Outcome | None] = [None] * len(calls)
+    if give_up_after is not None and timeout is not None:
+        progress = _TimeoutStreak(outcomes, give_up_after, progress)
     try:
         if mode == "thread":
             n = min(len(calls), workers or min(32, _cpu_count() + 4))
@@ -116,7 +125,43 @@ def run_calls(
                         concurrency=concurrency, progress=progress).run()
     except KeyboardInterrupt:
         raise RunInterrupted(_fill_cancelled(outcomes)) from None
+    except _GiveUp as stop:
+        skipped = Outcome(cast("Status", "skipped"), error=f"Skipped: stopped after {stop.count} timeouts in a row")
+        return [o if o is not None else skipped for o in outcomes]
     return _fill_cancelled(outcomes)
+
+
+class _GiveUp(Exception):
+    """Raised from the progress callback (in the runner's loop) to stop a run that keeps timing out."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"{count} timeouts in a row")
+        self.count = count
+
+
+class _TimeoutStreak:
+    """Wraps a progress callback: counts timeouts in a row among the calls just finished (in call
+    order within one report; an ok call resets the count) and raises _GiveUp at `limit`."""
+
+    def __init__(self, outcomes: list[Outcome | None], limit: int, progress: Callable[[int], None]) -> None:
+        self.outcomes, self.limit, self.progress = outcomes, limit, progress
+        self.pending = list(range(len(outcomes)))
+        self.streak = 0
+
+    def __call__(self, k: int) -> None:
+        self.progress(k)
+        still = []
+        for i in self.pending:
+            outcome = self.outcomes[i]
+            if outcome is None:
+                still.append(i)
+            elif outcome.status == "timeout":
+                self.streak += 1
+            elif outcome.status == "ok":
+                self.streak = 0
+        self.pending = still
+        if self.streak >= self.limit and still:
+            raise _GiveUp(self.streak)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Knows nothing about servers, tensors, display or the result object: it takes the
 
 Columns, per function `<name>`:
   reward_<name>            float, NaN unless the row's status is "ok"
-  reward_<name>_status     "ok" | "none" | "error" | "timeout" | "bad_return" | "cancelled"
+  reward_<name>_status     "ok" | "none" | "error" | "timeout" | "bad_return" | "skipped" | "cancelled"
+                           ("skipped": the function timed out on 3 calls in a row, none ok in
+                           between, and was called no more)
   reward_<name>_error      "ExcType: message" or what came back (None when ok)
   reward_<name>_traceback  the full traceback of an error (only when some row raised)
   reward_<name>_seconds    the call's own time per row (a batch call's time split over its rows)
@@ -43,7 +45,8 @@ __all__ = ["RewardFunctions", "count_functions", "rewards_columns", "status_tota
 RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
 Mode = Literal["process", "thread", "inline"]  # checked by _options.RewardOptions
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-STATUSES = ("ok", "none", "error", "timeout", "bad_return", "cancelled")
+STATUSES = ("ok", "none", "error", "timeout", "bad_return", "skipped", "cancelled")
+GIVE_UP_AFTER = 3  # timeouts in a row (none ok in between) after which a function is called no more
 _FAILED = ("error", "timeout", "bad_return")
 # A function failing on more rows than both of these gets a warning naming it and its commonest error.
 _WARN_ROWS, _WARN_FRACTION = 2, 0.05
@@ -194,7 +197,7 @@ def _run(f: _Function, calls: list[tuple[list[int], tuple[Any, ...], dict[str, A
     advance = progress if f.style != "trl" else _batch_progress(sizes, progress)
     try:
         return _reward_exec.run_calls(f.fn, exec_calls, mode=mode, timeout=timeout, workers=workers,
-                                      on_progress=advance), False
+                                      on_progress=advance, give_up_after=GIVE_UP_AFTER), False
     except _reward_exec.RunInterrupted as stop:
         return list(stop.outcomes), True
 
@@ -267,19 +270,25 @@ def _failure_notes(name: str, status: Sequence[str], error: Sequence[str | None]
     kinds = Counter(status[i] for i in failed)
     breakdown = ", ".join(f"{kinds[k]} {k}" for k in _FAILED if kinds[k])
     (commonest, count), = Counter(error[i] or status[i] for i in failed).most_common(1)
+    skipped = sum(s == "skipped" for s in status)
+    stop = (f"; stopped after {GIVE_UP_AFTER} timeouts in a row: {skipped} rows not scored ('skipped')"
+            if skipped else "")
     return [f"{name} failed on {len(failed)} of {len(status)} rows ({breakdown}); commonest: {commonest!r} "
-            f"({count} rows); see reward_{name}_error and res.reward_summary()"]
+            f"({count} row{'' if count == 1 else 's'}){stop}; see reward_{name}_error and res.reward_summary()"]
 
 
 def status_totals(cols: Mapping[str, Any]) -> tuple[str, bool]:
     """The totals of `rewards_columns`' status columns, e.g. "119 ok · 9 timeout", and whether any
     row of any function did not score ok or none."""
     counts: Counter[str] = Counter()
+    stopped = []
     for key, column in cols.items():
         if key.startswith("reward_") and key.endswith("_status") and key[:-len("_status")] in cols:
             counts.update(column)
+            if "skipped" in column:
+                stopped.append(f"{key[len('reward_'):-len('_status')]} stopped after {GIVE_UP_AFTER} timeouts in a row")
     order = [s for s in STATUSES if counts[s]] + sorted(s for s in counts if s not in STATUSES)
-    text = " · ".join(f"{counts[s]:,} {s}" for s in order)
+    text = " · ".join([f"{counts[s]:,} {s}" for s in order] + stopped)
     return text, any(counts[s] for s in counts if s not in ("ok", "none"))
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RewardSummary", "correct_mask", "correlation", "group_table", "reward_functions", "summarize"]
 
-_STATUSES = ("ok", "none", "error", "timeout", "bad_return", "cancelled")
+_STATUSES = ("ok", "none", "error", "timeout", "bad_return", "skipped", "cancelled")
 
 
 def reward_functions(df: pd.DataFrame) -> list[str]:
@@ -142,7 +142,7 @@ def summarize(df: pd.DataFrame, groups: np.ndarray) -> RewardSummary:
             row["commonest_error"] = errors.value_counts().index[0] if len(errors) else None
             seconds = df[f"{col}_seconds"].to_numpy(dtype=np.float64)
             row["p95_seconds"] = float(np.nanpercentile(seconds, 95)) if np.isfinite(seconds).any() else math.nan
-            flags += _status_flags(label, row, status, errors)
+            flags += _status_flags(label, row, status, df[f"{col}_error"].dropna())
         stats = _group_stats.group_arrays(values, groups)
         unique_groups = ~pd.Series(groups).duplicated().to_numpy()
         scored = unique_groups & (stats.count >= 2)
@@ -179,6 +179,10 @@ def _status_flags(label: str, row: dict[str, Any], status: pd.Series, errors: pd
     if row["frac_none"] >= 0.1:
         flags.append(f"{label}: returned None for {_pct(row['frac_none'])} of rows (no answer found? those rows "
                      "get NaN, not 0)")
+    if row["frac_skipped"] > 0:
+        skipped = errors[status.loc[errors.index] == "skipped"]
+        why = str(skipped.iloc[0]).removeprefix("Skipped: ") if len(skipped) else "stopped after repeated timeouts"
+        flags.append(f"{label}: {why}; {_pct(row['frac_skipped'])} of rows were not scored ('skipped')")
     if row["frac_cancelled"] > 0:
         flags.append(f"{label}: {_pct(row['frac_cancelled'])} of rows were not scored (interrupted)")
     return flags

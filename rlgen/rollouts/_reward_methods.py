@@ -55,7 +55,8 @@ class RewardMethods:
         `f(completion, answer, ...)` with parameters named after columns; `async def` too.
 
         Columns added, per function `<name>`: `reward_<name>` (NaN unless ok),
-        `reward_<name>_status` (ok / none / error / timeout / bad_return / cancelled),
+        `reward_<name>_status` (ok / none / error / timeout / bad_return / skipped / cancelled; "skipped":
+        the function timed out on 3 calls in a row, none ok in between, and was called no more),
         `reward_<name>_error`, `reward_<name>_traceback` (when something raised),
         `reward_<name>_seconds`; then `reward` (weighted sum, NaN when every function gave NaN),
         `group_mean`, `group_std`, `group_zero_std` and `advantage` per prompt group. Ctrl-C stops
