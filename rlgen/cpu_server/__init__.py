@@ -1,5 +1,9 @@
 """The CPU backend: a real server process that speaks SGLang 0.5.x's native HTTP API.
 
+Owns: a real server process that serves a transformers model on the CPU with SGLang's HTTP API, for
+machines without a GPU and the test suite. Knows nothing about the rest of rlgen: it imports no
+other rlgen package, and rlgen talks to it over HTTP exactly as to SGLang.
+
 It is started exactly like SGLang:
 
     python -m rlgen.cpu_server --model-path PATH --port N [--host 127.0.0.1] [SGLang flags...]
