@@ -96,6 +96,12 @@ def test_replicas_refuses_keep_alive_and_a_missing_router(isolated: str, model_p
         rlgen.Engine(model_path, backend="cpu", replicas=0)
     with pytest.raises(ValueError, match="gpus"):
         rlgen.Engine(model_path, backend="cpu", gpus=[0])
+    with pytest.raises(ValueError, match="router_args"):
+        rlgen.Engine(model_path, backend="cpu", router_args={"retry_max_retries": 3})
+    with pytest.raises(ValueError, match="set by rlgen"):
+        rlgen.Engine(model_path, backend="cpu", replicas=2, router_args={"policy": "random"})
+    with pytest.raises(TypeError, match="router_args must be a dict"):
+        rlgen.Engine(model_path, backend="cpu", replicas=2, router_args=["--retry-max-retries", "3"])  # type: ignore[arg-type]
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "sglang_router" else find_spec(name, *a))
