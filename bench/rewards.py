@@ -14,7 +14,7 @@ is the machinery (`--repeats` rounds, default 15):
     warm          mode="process", the pool's workers started by an untimed run just before
     hang_fresh    as fresh, but one row (the middle one) sleeps for an hour; timeout=1
     hang_warm     as warm, with that hanging row
-    calls_inline  `_reward_exec.run_calls` on the same completions, inline: the pool's layer
+    calls_inline  `rewards._exec.run_calls` on the same completions, inline: the pool's layer
     calls_warm    the same, mode="process", warm pool   without add_rewards' own work (the row
                   batch, the columns, the group statistics), which inline - calls_inline measures
 

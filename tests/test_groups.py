@@ -3,6 +3,8 @@ and how rows group, without a server."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlgen.rollouts import Rollouts, rollouts_from_responses
 from rlgen.rollouts._groups import group_keys, row_batch
 
@@ -41,3 +43,24 @@ def test_rows_group_by_prompt_within_their_run() -> None:
     both = Rollouts.concat([a, b], labels=["a", "b"])
     keys = group_keys(both.df)
     assert len(set(keys.tolist())) == 4 and len(set(group_keys(a.df).tolist())) == 2
+
+
+def test_group_keys_are_integers_that_any_pandas_groups_right() -> None:
+    # Joined strings such as "run\x000" were one group under pandas 3.0.6 (it cut them at the NUL).
+    both = Rollouts.concat([verl_rows(), verl_rows()], labels=["a", "b"])
+    keys = group_keys(both.df)
+    assert keys.dtype.kind == "i" and keys.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_a_parquet_file_written_before_the_layout_change_still_loads() -> None:
+    # Written by rlgen at 641880a (the flat package) with rewards, logprobs and data columns.
+    path = Path(__file__).parent / "data" / "rollouts-641880a.parquet"
+    res = Rollouts.from_parquet(path)
+    assert res.df["completion"].tolist() == ["4", "5", "nine", "9"]
+    assert res.df["reward"].tolist() == [1.0, 0.0, 0.0, 1.0] and res.data_columns[0] == "answer"
+    assert res.model == "old-model" and res.run_sampling[res.df["run"][0]] == {"temperature": 1.0}
+    assert res.tensors()["response_ids"].tolist()[2] == [21, 22, 2]
+    assert res.logprobs is not None and res.logprobs[2, 1].item() == -1.5
+    rescored = res.add_rewards({"again": lambda completion, answer: float(completion == answer)}, mode="inline",
+                               progress=False)
+    assert rescored.df["advantage"].round(6).tolist() == [0.707007, -0.707007, -0.707007, 0.707007]

@@ -28,7 +28,7 @@ __all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_
 
 @dataclass
 class GenerateJob:
-    """One generate() call, ready to send (its values already checked by `_options`)."""
+    """One generate() call, ready to send (its values already checked by `core._options`)."""
 
     prompt_ids: list[list[int]]
     sampling: dict[str, Any]              # SGLang sampling_params, without `n`

@@ -5,8 +5,8 @@ completion length, the share of each finish reason, pass@k), their comparison by
 interval over prompts (a prompt is one pair: its value under A and its value under B), the verdict
 per metric, and `ABReport` with its table, HTML and forest plot. Knows nothing about servers,
 weights, or how samples and rewards were made: it reads two `Rollouts`' df and prompt ids; the
-pass@k estimator is `_group_stats.pass_at_k`, correctness `_reward_summary.correct_mask`, and
-figures are made through `_plots`.
+pass@k estimator is `rewards._group_stats.pass_at_k`, correctness `rewards._summary.correct_mask`, and
+figures are made through `rollouts._plots`.
 
 The interval: each metric is first reduced to one value per prompt and side; over the m prompts
 where both sides have a value, the per-prompt differences d = B - A give the interval

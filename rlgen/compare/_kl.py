@@ -6,7 +6,7 @@ per-row sums (sequence-level estimates) and per-prompt means, and `LogprobShift`
 tensors, a DataFrame lined up with a's rows, a summary, and an HTML heatmap of the tokens coloured
 by how far they moved. Knows nothing about servers, weight updates or how the logprobs were made
 (sampled, `eng.score`, a trainer's own forward pass): it reads two `Rollouts` through their public
-tensors and df, and draws tokens through `_display`.
+tensors and df, and draws tokens through `rollouts._display`.
 
 Definitions (the tokens were drawn from a, so these estimate KL(a‖b) = E_a[log p_a - log p_b]):
 

@@ -1,9 +1,9 @@
 """The bottom layer: what every other layer shares and nothing else.
 
-Owns: the exception tree (`_errors`), the prompt and chat types (`_types`), the options schema
-shared by every entry point (`_options`), the names of a result's columns (`_columns`), the
-background event loop (`_loop`), progress lines (`_progress`), ragged arrays (`_ragged`) and
-rlgen's cache directory (`_paths`). Knows nothing about servers, results or rewards: it imports no
+Owns: the exception tree (`core._errors`), the prompt and chat types (`core._types`), the options schema
+shared by every entry point (`core._options`), the names of a result's columns (`_columns`), the
+background event loop (`core._loop`), progress lines (`core._progress`), ragged arrays (`core._ragged`) and
+rlgen's cache directory (`core._paths`). Knows nothing about servers, results or rewards: it imports no
 other layer.
 """
 

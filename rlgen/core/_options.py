@@ -142,7 +142,7 @@ def _tuple_of(kind: type) -> Check:
 
 def _table(name: str, value: Any) -> Any:
     if value is None or hasattr(value, "columns") or isinstance(value, (Mapping, list, tuple)):
-        return value  # its rows and columns are checked against the prompts (`_prompts.prompt_data`)
+        return value  # its rows and columns are checked against the prompts (`client._prompts.prompt_data`)
     raise TypeError(f"{name} must be a DataFrame, a list of dicts or a dict of lists, got {type(value).__name__}")
 
 
@@ -239,7 +239,7 @@ def _seconds(name: str, value: Any) -> float | None:
 
 
 def _any(name: str, value: Any) -> Any:
-    return value  # checked against the reward functions it names (`_rewards`)
+    return value  # checked against the reward functions it names (`rewards._scoring`)
 
 
 class RewardOptions(TypedDict, total=False):

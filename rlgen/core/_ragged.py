@@ -3,7 +3,7 @@
 Owns: offsets from row lengths, gathering rows (selection, repeating prompts for their samples)
 and scattering flat values into padded [N, W, ...] arrays, left- or right-aligned, all without
 Python loops over rows or tokens. Knows nothing about tokens, logprobs, torch or pandas: `Rollouts`
-(`_results.py`) decides what is stored this way and how each field is padded.
+(`rollouts/_rollouts.py`) decides what is stored this way and how each field is padded.
 
 Layout: row i's values are `values[offsets[i]:offsets[i + 1]]`; `offsets` is int64, has N + 1
 entries and starts at 0.

@@ -1,7 +1,7 @@
 """Type aliases of rlgen's public API: the prompt forms generate() and score() accept.
 
 Owns: the names users and type checkers see for prompts. Knows nothing about how prompts are
-tokenized or checked (`_prompts.py`).
+tokenized or checked (`client/_prompts.py`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ methods they all call.
 Owns: `EngineState`, `EngineBase` (the attributes an Engine holds, declared once for the mixins in
 `_generation`, `_scoring` and `_control`; the lifecycle check `_check_ready`; the server's command
 line; prompt normalisation with the Engine's tokenizer; a call's progress line). Knows nothing
-about how an Engine is constructed or closed (`_engine`) or what its calls do.
+about how an Engine is constructed or closed (`engine._engine`) or what its calls do.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns: running the user's reward functions over rows in their own style (`_scoring`, `_styles`),
 safely in worker processes, threads or inline (`_exec*`), per prompt group statistics and
-advantages (`_group_stats`), the reward summary and its flags (`_summary`), and this package's
+advantages (`rewards._group_stats`), the reward summary and its flags (`_summary`), and this package's
 public built-ins below. Knows nothing about servers or the result object: it takes rows as a
 `RowBatch` and group keys, and returns columns (`rlgen.rollouts` adds them to a `Rollouts`).
 

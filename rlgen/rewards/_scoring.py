@@ -1,10 +1,10 @@
 """Scoring rollouts with the user's reward functions: the columns `Rollouts.add_rewards` adds.
 
 Owns: checking the reward functions and options before anything runs (names, weights, styles,
-columns, timeout); running each function over every row through `_reward_exec` (process pool,
-threads or inline) in the style `_reward_styles` recognised; the per-function columns (value,
+columns, timeout); running each function over every row through `rewards._exec` (process pool,
+threads or inline) in the style `rewards._styles` recognised; the per-function columns (value,
 status, error, traceback, seconds, a dict return's extra keys); the combined `reward`; and the
-group columns (`group_mean`, `group_std`, `group_zero_std`, `advantage`) from `_group_stats`.
+group columns (`group_mean`, `group_std`, `group_zero_std`, `advantage`) from `rewards._group_stats`.
 Knows nothing about servers, tensors, display or the result object: it takes the rows as a
 `RowBatch` (columns and token ids) with one group key per row, and returns the new columns.
 
@@ -19,7 +19,7 @@ Columns, per function `<name>`:
   reward_<name>_<key>      the other keys of a dict return (verl's `{"score": ..., "acc": ...}`)
 then, for all of them together:
   reward           the weighted sum over functions whose value is finite; NaN when none is
-  group_mean, group_std, group_zero_std, advantage   (see `_group_stats`), per prompt group
+  group_mean, group_std, group_zero_std, advantage   (see `rewards._group_stats`), per prompt group
 """
 
 from __future__ import annotations

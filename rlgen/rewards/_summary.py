@@ -4,7 +4,7 @@ Owns: the per-prompt table (`group_table`: n, mean, std, zero-std flag, pass@k),
 curve, and `RewardSummary`: per reward function its mean and std, the fractions of each status
 with the commonest error, the p95 call time, the fraction of zero-variance groups, the
 correlation with completion length and the mean by finish reason, plus plain-language flags.
-Knows nothing about how the rewards were computed: it reads the columns `_rewards` wrote.
+Knows nothing about how the rewards were computed: it reads the columns `rewards._scoring` wrote.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ sample: `RolloutBrowser`'s plain attributes and `matching()`), the HTML it draws
 tokens with their top-k alternatives), and the ipywidgets controls around it. Where widgets cannot
 render (a static export, a frontend without the widget manager) the same HTML is in the output's
 text/html. Knows nothing about servers or generation: it reads a `Rollouts` and draws through
-`_display`.
+`rollouts._display`.
 """
 
 from __future__ import annotations

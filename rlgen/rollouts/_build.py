@@ -2,7 +2,7 @@
 
 Owns: checking the shape of what the client collected (entries per prompt, prompt texts, extra
 columns), the DataFrame of a fresh run (column by column, with pandas' text dtype), and the
-`Rollouts` made of it and of the flat token arrays `_response_arrays` parsed. Knows nothing about
+`Rollouts` made of it and of the flat token arrays `rollouts._response_arrays` parsed. Knows nothing about
 HTTP or servers: it receives already-decoded `/generate` entries and the prompt ids that were sent.
 """
 
@@ -40,7 +40,7 @@ def rollouts_from_responses(
 
     Args:
         responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
-            prompt-major order. A failed sample is None or `failed_entry(...)` (`_response_arrays`);
+            prompt-major order. A failed sample is None or `failed_entry(...)` (`rollouts._response_arrays`);
             it still gets a row (finish_reason "error"/"abort", empty output).
         prompt_ids: token ids of each prompt (len = number of prompts).
         prompt_texts: each prompt's text (None for prompts given as ids).
@@ -72,7 +72,7 @@ def rollouts_from_responses(
         if len(values) != n_rows:
             raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
 
-    # 2) per-row values and flat token arrays (_response_arrays.py)
+    # 2) per-row values and flat token arrays (rollouts/_response_arrays.py)
     parsed = parse_responses(responses, prompt_ids, n, int(pad_token_id))
     bad, cols, rows = parsed.bad, parsed.rows, np.arange(n_rows, dtype=np.int64)
     if bad:

@@ -4,7 +4,7 @@ Owns: the one-line text summary and the HTML view of a `Rollouts` (a row per sam
 once per group, the completion as a per-token logprob heatmap after the prompt's last tokens), the
 token-level pieces the rollout browser reuses (`completion_html`, `token_pieces`,
 `alternative_texts`), and a small HTML card for an Engine. Knows nothing about generation, HTTP,
-processes or progress (`_progress`): it reads a `Rollouts` (CPU data only, so a repr never touches
+processes or progress (`core._progress`): it reads a `Rollouts` (CPU data only, so a repr never touches
 a GPU) or an Engine's plain attributes.
 """
 

@@ -3,7 +3,7 @@
 Owns: importing matplotlib with a message that names the extra (`require_matplotlib`), Figure and
 Axes classes that render as PNG in a notebook (`figure_classes`), new axes and panel grids, the
 user's own axes checked, the figure an axes lives in, and the legend's placement. Knows nothing
-about rollouts, rewards or what is plotted: `_plots` and `rlgen.compare` draw with these.
+about rollouts, rewards or what is plotted: `rollouts._plots` and `rlgen.compare` draw with these.
 """
 
 from __future__ import annotations

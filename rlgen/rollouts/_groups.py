@@ -20,9 +20,15 @@ __all__ = ["group_keys", "row_batch"]
 
 
 def group_keys(df: Any) -> np.ndarray:
-    """One group id per row: the prompt, within its run when the rollouts carry a `run` column."""
+    """One group id per row (int64, numbered in order of first appearance): the prompt, within its
+    run when the rollouts carry a `run` column. Integers, not joined strings: a key such as
+    "run\x000" was read as "run" by pandas 3.0.6's groupby (every row one group), seen on the GPU
+    machine's pandas."""
+    import pandas as pd
+
     if "run" in df.columns:
-        return np.asarray([f"{run}\x00{p}" for run, p in zip(df["run"], df["prompt_index"])], dtype=object)
+        codes, _ = pd.MultiIndex.from_arrays([df["run"].astype(str), df["prompt_index"]]).factorize()
+        return np.asarray(codes, dtype=np.int64)
     return np.asarray(df["prompt_index"])
 
 

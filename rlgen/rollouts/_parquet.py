@@ -5,7 +5,7 @@ Owns: the file layout and its version check. The df's own columns are stored as 
 data are list columns named `_rlgen_<name>` beside them (`[T, k]` fields as lists of fixed-size
 lists); `meta_info` is one JSON text per row; pad id, model, sampling and run_sampling (run ->
 sampling) are JSON in the file's metadata under the key `rlgen`. Knows nothing about `Rollouts` itself, torch or tensors:
-`Rollouts.to_parquet` / `from_parquet` (`_results.py`) hand over and take back the flat arrays.
+`Rollouts.to_parquet` / `from_parquet` (`rollouts/_rollouts.py`) hand over and take back the flat arrays.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = ["StoredRollouts", "read_parquet", "write_parquet"]
 _PARQUET_KEY = b"rlgen"
 _PARQUET_VERSION = 1
 
-Ragged = tuple[np.ndarray, np.ndarray]  # flat values, row offsets (see _ragged.py)
+Ragged = tuple[np.ndarray, np.ndarray]  # flat values, row offsets (see core/_ragged.py)
 
 
 @dataclass

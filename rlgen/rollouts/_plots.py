@@ -4,7 +4,7 @@ Owns: `RolloutPlots` (what `Rollouts.plot` returns) and its five plots: reward h
 against completion length, prompt groups, advantages and the pass@k curve; the colours of finish
 reasons, shared by every plot; and the figure and axes classes that show themselves as PNG in
 Jupyter. Knows nothing about how rewards are computed or how samples were generated: it reads the
-columns `add_rewards` wrote, through `_reward_summary` and `_group_stats` for the arithmetic.
+columns `add_rewards` wrote, through `rewards._summary` and `rewards._group_stats` for the arithmetic.
 
 matplotlib is imported only when a plot is drawn. Figures are made with `matplotlib.figure.Figure`,
 never through pyplot: nothing is registered with pyplot, so no figure stays open, a notebook shows

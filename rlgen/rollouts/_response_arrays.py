@@ -6,9 +6,9 @@ top-k, token texts, prompt logprobs) as flat arrays built in C (`np.fromiter` ov
 the alignment guard (each logprob names its token id, which must match the ids it belongs to: rows
 where it does not get NaN logprobs and a note); per-row logprob sums; and the entry that stands in
 for a failed sample, or for a scored completion. Knows nothing about pandas, torch, HTTP or `Rollouts`: `Rollouts.from_responses`
-(`_results.py`) validates its arguments, calls `parse_responses` and builds the DataFrame.
+(`rollouts/_rollouts.py`) validates its arguments, calls `parse_responses` and builds the DataFrame.
 
-Flat arrays follow `_ragged.py`'s layout (values plus row offsets); missing values are NaN (floats),
+Flat arrays follow `core/_ragged.py`'s layout (values plus row offsets); missing values are NaN (floats),
 `pad_token_id` (ids) or None (texts).
 """
 

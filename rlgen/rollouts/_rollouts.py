@@ -5,8 +5,8 @@ Owns: the rows (a pandas DataFrame) and the padded torch tensors that line up wi
 `rollouts_from_responses`, parquet, or flat arrays), selection, concatenation and display hooks. Knows nothing about HTTP, servers or processes: it
 receives already-decoded response dicts and the prompt token ids the client sent.
 
-Delegates: parsing response entries into flat arrays to `_response_arrays.py`, the ragged
-(values + offsets) primitives to `_ragged.py`, the file format to `_parquet.py`.
+Delegates: parsing response entries into flat arrays to `rollouts/_response_arrays.py`, the ragged
+(values + offsets) primitives to `core/_ragged.py`, the file format to `rollouts/_parquet.py`.
 
 Storage is ragged and flat (CSR-style: one flat numpy array per field plus row offsets), so that
 construction, selection and concatenation are a few vectorised numpy calls, not Python loops over

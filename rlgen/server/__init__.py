@@ -1,11 +1,11 @@
 """The server-process layer: launching, owning and stopping SGLang (or CPU backend) servers.
 
-Owns: the server's command line (`_command`, `_launch_options`), launching and watching one
+Owns: the server's command line (`_command`, `server._launch_options`), launching and watching one
 server process (`_process`: its own session, a parent-death signal, start-up phases read from its
-log by `_log`), the process tree and GPU memory of what rlgen started (`_process_tree`), the
-registry of running and kept servers (`_registry`), keep-alive across kernel restarts
-(`_keep_alive`), replicas behind an sglang-router (`_replicas`), the default model and its
-conversion (`_models`), the weights' content hash (`_weights`) and what a server says about
+log by `_log`), the process tree and GPU memory of what rlgen started (`server._process_tree`), the
+registry of running and kept servers (`server._registry`), keep-alive across kernel restarts
+(`server._keep_alive`), replicas behind an sglang-router (`server._replicas`), the default model and its
+conversion (`server._models`), the weights' content hash (`server._weights`) and what a server says about
 itself (`_info`). Knows nothing about HTTP requests for generation, results or rewards.
 """
 

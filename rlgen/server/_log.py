@@ -7,7 +7,7 @@ fatal signatures and the hint each gives, and the `ServerStartupError` built fro
 prefix of the header lines rlgen itself writes into the log, which every reader here skips.
 
 Knows nothing about processes, ports or HTTP: to this module a server is a log file and, once it
-exited, an exit code. Writing the log (the child's stdout and stderr) is `_server.py`'s job.
+exited, an exit code. Writing the log (the child's stdout and stderr) is `server/_process.py`'s job.
 """
 
 from __future__ import annotations

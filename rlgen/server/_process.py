@@ -8,9 +8,9 @@ file and run directory, its registry record, its readiness and start-up phase re
 
 Knows nothing about /generate payloads, sampling parameters, tokenizers or results: to this module
 a server is an argv that binds `--host H --port N` and answers `GET /health_generate` with 200
-once it can generate. Delegates: checking the options to `_launch_options.py`; spawning, stopping
+once it can generate. Delegates: checking the options to `server/_launch_options.py`; spawning, stopping
 and reaping the process tree (own session, parent-death signal, SIGTERM/SIGKILL, `reap()`) to
-`_process_tree.py`; reading the log (phases, tails, hints) to `_server_log.py`.
+`server/_process_tree.py`; reading the log (phases, tails, hints) to `server/_log.py`.
 
 How a server is launched (each point answers a failure seen in the wild: hidden start-up errors,
 port races, orphaned servers):
@@ -20,10 +20,10 @@ port races, orphaned servers):
   listens on the port: an auto-picked port can be taken by another process before the server binds
   it, and that process's answer must not pass for ours (the server then exits with "address
   already in use" and is relaunched on a fresh port, up to 3 times).
-- **Registry.** Each server writes `<cache>/servers/registry/<pid>.json` (see `_registry.py`),
+- **Registry.** Each server writes `<cache>/servers/registry/<pid>.json` (see `server/_registry.py`),
   removed on close; `reap()` stops servers whose owner is gone.
 - **Shutdown.** `close()` (also run by `weakref.finalize` at garbage collection and at interpreter
-  exit; `__del__` is not used) stops the tree as `_process_tree.py` describes: SIGTERM to the
+  exit; `__del__` is not used) stops the tree as `server/_process_tree.py` describes: SIGTERM to the
   group, `grace` seconds, SIGKILL, then a sweep of descendants that left the group.
 """
 
@@ -122,9 +122,9 @@ def launch_server(
         ServerStartupTimeout: it did not become healthy within `startup_timeout`.
         KeyboardInterrupt: Ctrl-C while waiting; the server is stopped first.
 
-    Call it from the main thread or a thread that outlives the server (see `_process_tree.py`: the
+    Call it from the main thread or a thread that outlives the server (see `server/_process_tree.py`: the
     parent-death signal follows the forking thread); from any other thread the spawn is handed to
-    a long-lived thread of `_process_tree`.
+    a long-lived thread of `server._process_tree`.
     """
     config = LaunchOptions.validated(
         argv=argv,

@@ -2,7 +2,7 @@
 
 Owns: spawning a child in its own session with the parent-death signal armed, the tree of it and
 every descendant seen while it lived (`ProcessTree`), stopping that tree (`ShutdownReport`),
-`reap()` of trees whose owner died (on top of the records in `_registry.py`), and the check that
+`reap()` of trees whose owner died (on top of the records in `server/_registry.py`), and the check that
 a stopped tree's processes released their GPU memory.
 
 Knows nothing about HTTP, ports, readiness, log contents or SGLang's options: to this module a

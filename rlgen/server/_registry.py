@@ -5,7 +5,7 @@ Owns: one small JSON record per launched server in `<cache>/servers/registry/<pi
 whether a record's server and its owner are still the processes that wrote it. A pid alone is not
 an identity (pids are reused), so every check compares the process's create time as well.
 
-Knows nothing about signals or how to stop a process (that is `_process_tree.py`, which also
+Knows nothing about signals or how to stop a process (that is `server/_process_tree.py`, which also
 implements `reap()` on top of these records), nor about HTTP.
 
 Why a registry at all: a server whose owner died without running its cleanup (a Jupyter kernel
@@ -154,7 +154,7 @@ def kept_path(pid: int) -> Path:
 
 
 def write_kept(pid: int, state: dict[str, Any]) -> Path:
-    """Write a kept server's state (see `_keep_alive.KeptState`), atomically and privately."""
+    """Write a kept server's state (see `server._keep_alive.KeptState`), atomically and privately."""
     return _write_json(private_registry_dir() / f"{pid}.kept.json", state)
 
 
