@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core._errors import EngineError
 
-__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend",
+__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "mapping_flags",
            "redacted", "server_argv"]
 
 # Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
@@ -117,22 +117,29 @@ def server_argv(
     return argv + defaults + site + user
 
 
+def mapping_flags(options: Mapping[str, Any]) -> list[str]:
+    """Command-line flags from a dict, as SGLang and sglang-router spell them: {"retry_max_retries": 10}
+    -> ["--retry-max-retries", "10"]; True -> a bare flag; False or None -> left out; a list -> its
+    values after the flag."""
+    out: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-").lstrip("-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
 def _flags(server_args: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
     if server_args is None:
         return []
     if isinstance(server_args, Mapping):
-        out: list[str] = []
-        for key, value in server_args.items():
-            flag = "--" + key.replace("_", "-").lstrip("-")
-            if value is True:
-                out.append(flag)
-            elif value is False or value is None:
-                continue
-            elif isinstance(value, (list, tuple)):
-                out += [flag, *map(str, value)]
-            else:
-                out += [flag, str(value)]
-        return out
+        return mapping_flags(server_args)
     if isinstance(server_args, (str, bytes)) or not all(isinstance(a, str) for a in server_args):
         raise TypeError("server_args must be a dict or a list of strings, e.g. ['--attention-backend', 'triton']")
     return list(server_args)

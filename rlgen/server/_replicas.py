@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 from ..core._errors import EngineError, ServerStartupError
 from . import _log as _server_log
+from ._command import mapping_flags
 from ._process import ServerProcess, free_port, launch_server
 from ._process_tree import ShutdownReport, wait_gpu_memory_released
 
@@ -84,18 +85,7 @@ def router_flags(router_args: Mapping[str, Any] | None) -> list[str]:
     """`ROUTER_DEFAULTS` with `router_args` over them, as router flags: {"retry_max_retries": 10} ->
     ["--retry-max-retries", "10"]; True -> a bare flag; False or None -> left out (drops a default)."""
     merged = {k.lstrip("-").replace("-", "_"): v for k, v in {**ROUTER_DEFAULTS, **(router_args or {})}.items()}
-    out: list[str] = []
-    for key, value in merged.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            out += [flag, *map(str, value)]
-        else:
-            out += [flag, str(value)]
-    return out
+    return mapping_flags(merged)
 
 
 @dataclass
