@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import rlgen
 
 PACKAGE = Path(rlgen.__file__).parent
@@ -153,3 +155,14 @@ def test_import_rlgen_stays_light() -> None:
     code = "import sys, rlgen; print(sorted(m for m in ('torch', 'pandas', 'transformers', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_lab_extra_installs_what_the_tutorials_need_and_no_dev_tools() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = PACKAGE.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lab = " ".join(extras["lab"])
+    assert "jupyterlab" in lab and "ipykernel" in lab and "rlgen[rewards,plots]" in lab
+    assert not [tool for tool in ("pytest", "ruff", "mypy", "sglang-router", "nbmake") if tool in lab]
+    assert "source scripts/venv.sh lab" in (root / "scripts" / "lab.sh").read_text()
