@@ -1,0 +1,34 @@
+"""Multi-turn episodes, token-in/token-out: the ids of each turn through a chat template, and the drift inspector.
+
+Owns: the token arithmetic of an episode whose history is never re-tokenized (`_template`: the first
+prompt, the delta of new messages cut token-wise after a fixed base's last EOS, the closing EOS of a
+turn that stopped without one) and the comparison of an episode's ids with the trainer's re-render
+of its messages (`_drift`: the first divergence, its cause, a summary over episodes). Knows nothing
+about servers, HTTP, sampling, rewards, the result object or the Engine: it takes a Hugging Face
+tokenizer with a chat template, messages and ids, and returns ids, records and DataFrames.
+
+Usage::
+
+    from rlgen import episodes
+    ids = episodes.first_prompt_ids(tok, [{"role": "user", "content": "2+2?"}])
+    ids += sampled                                   # the model's turn, ending with EOS (id 2)
+    ids += episodes.closing_ids(tok, sampled)        # [] here; [2] (mask 0) after a stop string
+    ids += episodes.message_delta_ids(tok, [{"role": "user", "content": "Sure?"}])
+    episodes.drift(tok, messages, ids)               # Drift(cause='same', ...)
+"""
+
+from __future__ import annotations
+
+from ._drift import CAUSES, Drift, drift, drift_summary
+from ._template import TemplateError, closing_ids, first_prompt_ids, message_delta_ids
+
+__all__ = [
+    "CAUSES",
+    "Drift",
+    "TemplateError",
+    "closing_ids",
+    "drift",
+    "drift_summary",
+    "first_prompt_ids",
+    "message_delta_ids",
+]

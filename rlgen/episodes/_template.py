@@ -1,0 +1,147 @@
+"""Token-in/token-out turns through a chat template: the first prompt, the delta after a turn, the closing EOS.
+
+Owns: turning chat messages into the token ids of a multi-turn episode without ever re-tokenizing
+history. `first_prompt_ids` renders the opening messages (with the generation prompt);
+`message_delta_ids` gives the tokens to append after an assistant turn that ended with the model's
+EOS: the new environment/tool/user messages and the next generation prompt, cut from a render of a
+fixed base conversation *token-wise*, just after the base's last EOS, so that the template's tokens
+after EOS (ChatML's `\\n`, which the model never samples) are kept; `closing_ids` gives the EOS to
+append (mask 0) when a turn stopped on a stop string or on length. The check that the base render is
+a token prefix of the longer render, and `TemplateError` when it is not.
+
+Knows nothing about servers, HTTP, requests, sampling, rewards or the result object: it takes a
+Hugging Face tokenizer with a chat template and messages, and returns lists of ids.
+
+Why token-wise: the default model's template is plain ChatML, `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
+The model stops at `<|im_end|>` (EOS, id 2) and never samples the `\\n` (id 198) after it. A delta
+taken as text (render(all) minus render(history), or a base stripped as text) starts at
+`<|im_start|>` and loses that `\\n` at every turn boundary; cutting the ids just after the base's
+EOS keeps it, and the episode's ids equal the whole-conversation render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..core._errors import RlgenError
+
+Messages = Sequence[Mapping[str, Any]]
+
+# The fixed base conversation: it ends with an assistant message (whose EOS the cut follows). Its
+# assistant text has no `<think>` block, so templates that rewrite earlier assistant turns leave it
+# unchanged whether or not a later user message follows.
+BASE_MESSAGES: tuple[dict[str, str], ...] = (
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U"},
+    {"role": "assistant", "content": "A"},
+)
+
+
+class TemplateError(RlgenError, ValueError):
+    """A chat template cannot give token-faithful deltas (e.g. it renders the base conversation
+    differently once messages follow it), or the tokenizer has no EOS or no chat template."""
+
+
+def template_name(tokenizer: Any) -> str:
+    """A short name for the tokenizer's chat template: the tokenizer's path or name and a hash of
+    the template text (so two templates on one tokenizer are told apart in messages)."""
+    template = getattr(tokenizer, "chat_template", None)
+    digest = hashlib.sha1(str(template).encode()).hexdigest()[:8] if template else "none"
+    return f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} (chat template {digest})"
+
+
+def eos_id(tokenizer: Any) -> int:
+    """The tokenizer's EOS id (the token a turn ends with, `<|im_end|>` = 2 on the default model)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    if not isinstance(eos, int):
+        raise TemplateError(f"tokenizer {template_name(tokenizer)} has no eos_token_id")
+    return eos
+
+
+def render_ids(tokenizer: Any, messages: Messages, *, add_generation_prompt: bool,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    """`tokenizer.apply_chat_template(messages, tokenize=True)` as a plain list of ids, whatever the
+    transformers version returns (a list, or a BatchEncoding in transformers 5)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise TemplateError(f"tokenizer {template_name(tokenizer)} has no chat template")
+    out = tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tools=list(tools) if tools is not None else None,
+        add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
+    )
+    if isinstance(out, Mapping):
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], (list, tuple)):  # a batch of one
+        out = out[0]
+    return [int(i) for i in out]
+
+
+def first_prompt_ids(tokenizer: Any, messages: Messages, *,
+                     tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    """The ids of the episode's first request: `messages` rendered with the generation prompt.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        messages: the opening messages (system, user, maybe demo exchanges).
+        tools: tool schemas passed to the template (ignored by templates without tool support).
+    """
+    return render_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
+
+
+def _last_index(ids: Sequence[int], value: int) -> int:
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == value:
+            return i
+    return -1
+
+
+def message_delta_ids(tokenizer: Any, new_messages: Messages, *,
+                      tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    """The ids to append after an assistant turn that ended with the model's EOS: `new_messages`
+    (tool results, user or environment messages) and the next generation prompt.
+
+    Computed by rendering `BASE_MESSAGES + new_messages` with the generation prompt and cutting the
+    ids just after the base's last EOS, so the template's tokens between EOS and the next message
+    (ChatML's `\\n`) are part of the delta. The base's own render must be a token prefix of that
+    render up to its last EOS; `TemplateError` says so, naming the template, when it is not (a
+    template that renders the last assistant turn differently from earlier ones).
+
+    A turn that did not end with EOS (stop string, length) needs `closing_ids` first.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        new_messages: the messages that follow the assistant turn (not an assistant turn itself first).
+        tools: tool schemas, as given to `first_prompt_ids`.
+    """
+    if not new_messages:
+        raise ValueError("message_delta_ids needs at least one new message")
+    eos = eos_id(tokenizer)
+    base = render_ids(tokenizer, BASE_MESSAGES, add_generation_prompt=False, tools=tools)
+    cut = _last_index(base, eos) + 1
+    if cut == 0:
+        raise TemplateError(
+            f"chat template of {template_name(tokenizer)} does not end an assistant message with the "
+            f"EOS token (id {eos}): there is no EOS in the render of {list(BASE_MESSAGES)}, so no "
+            "token-wise delta can be cut after it")
+    full = render_ids(tokenizer, [*BASE_MESSAGES, *new_messages], add_generation_prompt=True, tools=tools)
+    if full[:cut] != base[:cut]:
+        at = next(i for i, (a, b) in enumerate(zip(base[:cut], full)) if a != b) if len(full) >= cut else len(full)
+        raise TemplateError(
+            f"chat template of {template_name(tokenizer)} is not append-only: the base conversation "
+            f"renders differently once messages follow it (first differing token at {at} of {cut}: "
+            f"{tokenizer.decode(base[at:cut])!r} alone vs {tokenizer.decode(full[at:cut])!r} followed). "
+            "Token-faithful deltas need the base's render, up to its last EOS, to be a token prefix")
+    return full[cut:]
+
+
+def closing_ids(tokenizer: Any, last_turn_ids: Sequence[int]) -> list[int]:
+    """What to append after a sampled assistant turn before `message_delta_ids` applies: `[]` when
+    the turn ended with EOS, else `[eos]` (it stopped on a stop string or on length). The appended
+    EOS was not sampled: give it mask 0 (and logprob 0)."""
+    eos = eos_id(tokenizer)
+    return [] if last_turn_ids and last_turn_ids[-1] == eos else [eos]
