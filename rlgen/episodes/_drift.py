@@ -173,7 +173,7 @@ def _classify(tokenizer: Any, op: tuple[str, int, int, int, int], ids: Sequence[
     if (not (a and b) and len(chunk) <= 4 and set(chunk) <= boundary_tokens
             and (k == 0 or seq[k - 1] == eos or eos in chunk or k + len(chunk) == len(seq))):
         return "boundary"
-    if any(s <= i1 < e for s, e in spans[:-1]):
+    if any(max(i1, s) < min(max(i2, i1 + 1), e) for s, e in spans[:-1]):  # overlaps an earlier assistant turn
         return "rewritten history"
     return "other"
 
