@@ -80,10 +80,29 @@ def test_the_html_shows_the_group_then_the_selected_sample_and_its_least_likely_
     page = b.html()
     assert "group 3 of 3 matching (6 of 6 rows)" in page
     assert page.count("Spain?") >= 1 and "France?" not in page
-    surprises = page.split("least likely tokens")[1]
-    first = re.findall(r"<tr><td>(\d+)</td><td>(.*?)</td><td>(.*?)</td>", surprises)[0]
-    assert first == ("1", "&#x27; Paris&#x27;", "0.00248")  # exp(-6): the least likely token first
+    surprises = page.split("unlikely tokens (p &lt; 0.5), least likely first")[1]
+    found = re.findall(r"<tr><td[^>]*>(\d+)</td><td[^>]*>(.*?)</td><td[^>]*>(.*?)</td>", surprises)
+    assert found == [("1", "&#x27; Paris&#x27;", "0.00248")]  # exp(-6); the p = 0.82 and 0.9 tokens are not "unlikely"
     assert "&#x27; Rome&#x27; 0.951, &#x27; Nice&#x27; 0.0498" in surprises  # its alternatives, as text
+    assert "top_logprobs=k" not in page  # it was given
+
+
+def test_the_top_logprobs_hint_shows_only_without_top_logprobs_and_likely_samples_say_so():
+    res = rollouts_from_responses([entry([5, 6], lps=[-0.1, -2.0], top=False), entry([5], lps=[-0.01], top=False)],
+                                  prompt_ids=[[1], [2]], pad_token_id=0, decode=lambda ids: [TEXT.get(i, "?") for i in ids])
+    b = res.browse()
+    assert "generate with top_logprobs=k" in b.html() and "&#x27; Lyon&#x27;" in b.html().split("unlikely tokens")[1]
+    b.group = 1
+    assert "no unlikely tokens: every token of this sample had p ≥ 0.5" in b.html()
+
+
+def test_each_browser_step_opens_with_one_header_line():
+    b = browsable().browse()
+    page = b.html()
+    before_table = re.sub(r"<style>.*?</style>", "", page.split("<table")[0], flags=re.S)
+    line = re.search(r"<summary[^>]*>(.*?)</summary>", before_table, re.S).group(1)
+    assert before_table.count("<summary") == 1 and "<div" not in line
+    assert "group 1 of 3 matching" in line and "Rollouts 2 rows" in line
 
 
 def test_a_result_without_a_reward_column_browses_without_a_reward_filter():

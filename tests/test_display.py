@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import re
 
@@ -154,7 +155,7 @@ def test_html_shows_finish_reason_errors_and_user_columns():
     res.df["reward"] = [0.5, 0.25]
     page = res._repr_html_()
     assert "error: server &lt;gone&gt;" in page and "(empty)" in page
-    assert "<th>reward</th>" in page and '<td class="rlgen-num">0.25</td>' in page
+    assert re.search(r"<th(?: [^>]*)?>reward</th>", page) and '<span style="color:#888">reward</span> 0.25</div>' in page
 
 
 def grouped(n_prompts: int = 2, n: int = 3) -> Rollouts:
@@ -181,27 +182,130 @@ def test_each_prompt_group_shows_its_last_user_message_once_with_the_full_prompt
     assert "full prompt (" in body
 
 
+def headers(page: str) -> list[str]:
+    return re.findall(r"<th(?: [^>]*)?>(.*?)</th>", page)
+
+
 def test_finish_tokens_rewards_and_advantage_come_before_the_completion_and_details_stay_in_the_df():
     page = grouped()._repr_html_()
-    header = [h.replace("<wbr>", "") for h in re.findall(r"<th>(.*?)</th>", page)]
-    assert header == ["row", "prompt", "sample", "finish", "tokens", "mean lp", "reward_exact", "reward",
-                      "advantage", "answer", "completion"]
-    assert "reward_exact_status" not in header and "group_mean" not in header
+    assert headers(page) == ["prompt", "sample", "reward", "data", "completion"]
+    cell = page.split("<tbody>")[1].split("</tr>")[0]
+    for shown in (">#0 ", ">stop</span>", ">3 tok</span>", ">exact</span> 1<", ">reward</span> 1<", ">adv</span> 0.5<",
+                  ">answer</span> 42<"):
+        assert shown in cell, shown
+    assert "exact_status" not in page.split("<tbody>")[1] and "group_mean" not in page.split("<tbody>")[1]
 
 
 def test_too_many_data_columns_are_left_in_the_df_and_named_below_the_table():
     res = make().with_columns({f"col{k}": [k, k] for k in range(6)})
     page = res._repr_html_()
-    header = [h.replace("<wbr>", "") for h in re.findall(r"<th>(.*?)</th>", page)]
-    assert header[-5:] == ["col0", "col1", "col2", "col3", "completion"]
+    assert headers(page)[-2:] == ["data", "completion"]
+    assert all(f">col{k}</span>" in page for k in range(4)) and ">col4</span>" not in page
     assert "more columns in res.df: col4, col5" in page
+
+
+def widths(page: str) -> dict[str, int]:
+    cols = [int(w) for w in re.findall(r'<col style="width:(\d+)%">', page)]
+    return dict(zip(headers(page), cols))
+
+
+def with_data(n_data: int = 4) -> Rollouts:
+    """Rows as a reward tutorial makes them: a question equal to the prompt, a long JSON metadata."""
+    res = grouped()
+    data = {"question": [f"Question {p}?" for p in res.df["prompt_index"]],
+            "metadata": [{"source": "gsm8k", "steps": list(range(40)), "notes": "x" * 300}] * len(res),
+            "answer_key": ["42"] * len(res), "difficulty": [0.5] * len(res), "topic": ["arithmetic"] * len(res)}
+    return res.with_columns(dict(list(data.items())[: n_data + 1]))
+
+
+def test_the_completion_gets_at_least_half_the_width_at_any_number_of_data_columns():
+    for n_data in range(5):
+        page = with_data(n_data)._repr_html_()
+        assert "table-layout:fixed;width:100%" in page  # the <col> widths hold whatever the content
+        w = widths(page)
+        assert sum(w.values()) == 100 and w["completion"] >= 50, (n_data, w)
+
+
+def test_long_or_nested_data_values_are_shortened_with_the_full_value_on_hover():
+    page = with_data()._repr_html_()
+    body = page.split("<tbody>")[1]
+    shown = re.search(r'<div title="metadata: ([^"]*)"><span style="color:#888">metadata</span> ([^<]*)</div>', body)
+    assert shown, body[:2000]
+    assert "x" * 300 in shown.group(1) and len(html.unescape(shown.group(2))) <= 50 and shown.group(2).endswith("…")
+    assert "&quot;steps&quot;: [0, 1, 2" in shown.group(1)  # nested values as JSON
+
+
+def test_a_data_column_that_repeats_the_prompt_is_left_out_and_said_so():
+    page = with_data()._repr_html_()
+    assert ">question</span>" not in page and "not shown: question (the same text as the prompt)" in page
+    res = grouped().with_columns({"question": ["Question 0?"] * len(grouped())})  # differs for prompt 1
+    assert ">question</span>" in res._repr_html_()
+
+
+# What JupyterLab's sanitizer (packages/apputils/src/sanitizer.ts) keeps of the inline styles the
+# view uses in an untrusted notebook: values outside these are dropped, one declaration at a time.
+SANITIZER_VALUES = {
+    "overflow-wrap": r"normal|break-word", "word-break": r"normal|keep-all|break-all",
+    "white-space": r"normal|pre|nowrap|pre-wrap|pre-line", "table-layout": r"auto|fixed",
+    "text-align": r"left|right|center|justify", "width": r"[\d.]+(px|em|%)|auto", "max-width": r"[\d.]+(px|em|%)|none|auto",
+    "display": r"inline|block|inline-block", "border-collapse": r"collapse|separate",
+}
+
+
+def test_every_inline_layout_rule_is_one_that_an_untrusted_notebook_keeps():
+    res = with_data()
+    res.decode = lambda ids: [f"t{i}" for i in ids]
+    page = res._repr_html_()
+    without_style = re.sub(r"<style>.*?</style>", "", page, flags=re.S)
+    for style in re.findall(r'style="([^"]*)"', without_style):
+        for decl in filter(None, style.split(";")):
+            prop, value = (x.strip() for x in decl.split(":", 1))
+            if prop in SANITIZER_VALUES:
+                assert re.fullmatch(SANITIZER_VALUES[prop], value), decl
+    assert '<table style="table-layout:fixed;width:100%' in without_style
+    assert re.search(r'<td style="text-align:left;vertical-align:top', without_style)
+
+
+def test_the_view_opens_with_one_header_line_and_folds_the_notes():
+    page = grouped()._repr_html_()
+    before_table = page.split("<table")[0].split("</style>")[1]
+    assert before_table.startswith("<details") and before_table.endswith("</details>")  # one line, notes under it
+    line = re.search(r"<summary[^>]*>(.*?)</summary>", before_table, re.S).group(1)
+    assert "<div" not in line and "Rollouts 6 rows" in line and "⚠ pad id 0 = EOS: mask with response_mask" in line
+    assert "Coloured tokens are" not in line and "Coloured tokens are" in before_table  # folded, shown once
+
+
+def test_the_prompts_last_tokens_show_once_per_group():
+    res = grouped(2, 3)
+    res.decode = lambda ids: [{1: "<|im_start|>", 2: "assistant", 3: "\n", 4: "\n", 5: "Hi", 6: "!", 0: "<eos>"}[i] for i in ids]
+    page = res._repr_html_()
+    assert page.count('title="prompt token') == 2 * 3  # 2 groups x 3 tail tokens, not once per row
+    assert page.count('title="prompt | response"') == 2 + 6  # after each tail, and where each response starts
+
+
+def test_the_record_line_reads_utc_not_u_c():
+    res = make()
+    res.run_records[next(iter(res.run_records))] = {"backend": "cpu", "server_version": "1", "started_utc": "2026-12-01T21:05:26+00:00"}
+    page = res._repr_html_()
+    assert "2026-12-01 21:05:26 UTC" in page and "U C" not in page
+
+
+def test_a_stop_token_in_the_finish_column_says_what_it_means_on_hover():
+    e = entry([5, 2])
+    e["meta_info"]["finish_reason"]["matched"] = 2
+    page = rollouts_from_responses([e], prompt_ids=[[1]], pad_token_id=2)._repr_html_()
+    assert 'title="stop: stopped at token id 2 (a stop token, e.g. the EOS)">stop ⟨2⟩</span>' in page
+    e = entry([5])
+    e["meta_info"]["finish_reason"]["matched"] = "END"
+    page = rollouts_from_responses([e], prompt_ids=[[1]], pad_token_id=2)._repr_html_()
+    assert "stopped at the stop string &#x27;END&#x27;" in page
 
 
 def test_the_response_starts_after_the_prompts_last_tokens_and_a_boundary_mark():
     res = grouped(1, 1)
     res.decode = lambda ids: [{1: "<|im_start|>", 2: "assistant", 3: "\n", 4: "\n", 5: "Hi", 6: "!", 0: "<eos>"}[i] for i in ids]
     cell = res._repr_html_().split("<tbody>")[1]
-    tail, response = cell.split('title="prompt | response"')
+    tail, _, response = cell.split('title="prompt | response"')  # the tail once (prompt cell), then the response
     assert tail.count('title="prompt token') == 3 and "assistant" in tail and "<|im_start|>" not in tail
     assert re.search(r"response token 0: id 5 &#x27;Hi&#x27;", response)
 
@@ -217,7 +321,7 @@ def test_the_view_warns_that_the_pad_id_is_the_eos_that_ends_the_responses():
 
 def test_html_summary_starts_with_the_one_line_repr():
     res = make()
-    summary = r"<div[^>]*>Rollouts 2 rows \(2 prompts x 1\) \| 4 tokens \| finish: stop 2 \| model=tiny"
+    summary = r"<summary[^>]*>Rollouts 2 rows \(2 prompts x 1\) \| 4 tokens \| finish: stop 2 \| model=tiny"
     assert re.search(summary, res._repr_html_())
 
 

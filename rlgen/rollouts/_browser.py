@@ -19,15 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._display import alternative_texts, completion_html, rollouts_html, token_pieces
+from ._display import _LINE, alternative_texts, completion_html, rollouts_html, token_pieces
 
 if TYPE_CHECKING:
     from ._protocol import RolloutsView
 
 __all__ = ["RolloutBrowser", "interactive_frontend", "sample_html"]
 
-# The least likely tokens of the selected sample listed with their alternatives.
+# The least likely tokens of the selected sample listed with their alternatives: at most this
+# many, and only tokens that were actually unlikely (p below _UNLIKELY_P).
 _SURPRISES = 8
+_UNLIKELY_P = 0.5
 
 
 class RolloutBrowser:
@@ -97,12 +99,15 @@ class RolloutBrowser:
         n_groups = len(self.groups())
         status = f"group {self.group + 1 if n_groups else 0} of {n_groups} matching ({len(self.matching())} of {len(self.rollouts)} rows)"
         filters = self._filters_text()
-        head = f'<div style="font-family:monospace;color:#555">{html.escape(status + filters)}</div>'
+        lead = f'<span style="color:#555">{html.escape(status + filters)}</span>'
+        box = f'class="rlgen-browser" style="{_LINE}"'
         if row is None:
-            return f'<div class="rlgen-browser">{head}<div style="color:#c80">no rows match these filters</div></div>'
+            return (f'<div {box}><div style="font-family:monospace">{lead}</div>'
+                    '<div style="color:#c80">no rows match these filters</div></div>')
         group = self.rollouts[rows]
+        # One header line: where the browser is, then the group view's own line (legend, notes).
         return (
-            f'<div class="rlgen-browser">{head}{rollouts_html(group, max_rows=len(rows))}'
+            f"<div {box}>{rollouts_html(group, max_rows=len(rows), lead=lead)}"
             f"{sample_html(self.rollouts, row, position=self.sample)}</div>"
         )
 
@@ -164,7 +169,9 @@ class RolloutBrowser:
         df = self.rollouts.df
         finishes = ["all", *sorted({str(f) for f in df["finish_reason"]})]
         finish = w.Dropdown(options=finishes, value="all", description="finish", layout=w.Layout(width="14em"))
-        search = w.Text(placeholder="prompt or completion contains…", description="search", continuous_update=False)
+        # Wide enough for its placeholder next to its label (a narrower box cut it to "The pa").
+        search = w.Text(placeholder="text in prompt or completion", description="search", continuous_update=False,
+                        layout=w.Layout(width="24em", min_width="24em"))
         controls: list[Any] = [finish]
         reward: Any = None
         if self.reward is not None:
@@ -215,7 +222,9 @@ class RolloutBrowser:
         following.on_click(step(+1))
         sample.observe(on_sample, "value")
         redraw()
-        self._widget = w.VBox([w.HBox(controls), w.HBox([previous, following, sample]), view],
+        # Controls wrap onto a second line rather than being cut at a narrow output area.
+        wrap = w.Layout(flex_flow="row wrap", width="auto")
+        self._widget = w.VBox([w.HBox(controls, layout=wrap), w.HBox([previous, following, sample], layout=wrap), view],
                               layout=w.Layout(width="auto"))
         return self._widget
 
@@ -243,28 +252,36 @@ def interactive_frontend(environ: Mapping[str, str] | None = None, user_ns: Mapp
 
 
 def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
-    """One sample in full: its token heatmap, then its least likely tokens with the alternatives."""
+    """One sample in full: its token heatmap, then its unlikely tokens (p < 0.5) with the alternatives."""
     row = r.df.iloc[i]
     title = (f"sample {row['sample_index']} (row {row['row_id']}) · {row['finish_reason']} · "
              f"{row['completion_tokens']} tokens · mean logprob {row['logprob_mean']:.3f}")
     heat = completion_html(r, i, max_tokens=4096)
     return (
         f'<div style="margin-top:8px;font-family:monospace;color:#333">{html.escape(title)}</div>'
-        f'<div style="border:1px solid #ccc;padding:4px;max-width:100%">{heat}</div>{_surprises_html(r, i)}'
+        f'<div style="border:1px solid #ccc;padding:4px;max-width:100%;{_LINE}">{heat}</div>{_surprises_html(r, i)}'
     )
 
 
 def _surprises_html(r: RolloutsView, i: int) -> str:
-    """The sample's least likely tokens: where it went somewhere the model did not expect."""
+    """The sample's unlikely tokens (p < 0.5), least likely first: where it went somewhere the model
+    did not expect. Says so when there are none; asks for top_logprobs only when the sample has none."""
     tok = r.tokens(i)
     lps = tok["logprobs"]
     if lps is None or not len(lps):
         return ""
     lps = np.asarray(lps, dtype=np.float64)
-    order = [int(j) for j in np.argsort(np.where(np.isnan(lps), np.inf, lps))[:_SURPRISES] if not math.isnan(lps[j])]
+    limit = math.log(_UNLIKELY_P)
+    order = [int(j) for j in np.argsort(np.where(np.isnan(lps), np.inf, lps))[:_SURPRISES]
+             if not math.isnan(lps[j]) and lps[j] < limit]
+    top_ids, top_lp = tok["top_ids"], tok["top_logprobs"]
+    hint = "" if top_ids is not None else " (generate with top_logprobs=k to see what else the model considered)"
+    caption = f"unlikely tokens (p &lt; {_UNLIKELY_P:g}), least likely first{html.escape(hint)}"
+    if not order:
+        return (f'<div class="rlgen-rollouts" style="margin-top:6px;color:#555;{_LINE}">no unlikely tokens: '
+                f"every token of this sample had p ≥ {_UNLIKELY_P:g}</div>")
     ids = [int(t) for t in tok["ids"]]
     pieces = token_pieces(r, ids, tok["texts"])
-    top_ids, top_lp = tok["top_ids"], tok["top_logprobs"]
     alt_text = alternative_texts(r, top_ids[order]) if top_ids is not None else {}
     rows = []
     for j in order:
@@ -275,9 +292,11 @@ def _surprises_html(r: RolloutsView, i: int) -> str:
         text = repr(pieces[j]) if pieces is not None else f"id {ids[j]}"
         rows.append(f"<tr><td>{j}</td><td>{html.escape(text)}</td><td>{math.exp(lps[j]):.3g}</td>"
                     f"<td>{html.escape(alts) or '<span style=color:#888>(no top_logprobs)</span>'}</td></tr>")
+    cell = "text-align:left;vertical-align:top;padding:2px 6px;overflow-wrap:break-word"
+    head = "".join(f'<th style="{cell}">{h}</th>' for h in ("position", "token", "p", "top-k alternatives (p)"))
+    body = "".join(rows).replace("<td>", f'<td style="{cell}">')
     return (
-        '<div class="rlgen-rollouts"><div style="margin-top:6px;color:#555">least likely tokens '
-        "(generate with top_logprobs=k to see what else the model considered)</div>"
-        "<table><thead><tr><th>position</th><th>token</th><th>p</th><th>top-k alternatives (p)</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        f'<div class="rlgen-rollouts" style="{_LINE}"><div style="margin-top:6px;color:#555">{caption}</div>'
+        f'<table style="border-collapse:collapse;margin-left:0;max-width:100%"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
     )

@@ -185,8 +185,11 @@ def _prompt_tail_html(r: RolloutsView, i: int) -> str:
     return '<span style="color:#888">…</span>' + "".join(spans) + _BOUNDARY
 
 
-def completion_html(r: RolloutsView, i: int, *, max_tokens: int) -> str:
-    """Row i's response as a token heatmap after the prompt's last tokens (see rollouts_html)."""
+def completion_html(r: RolloutsView, i: int, *, max_tokens: int, prompt_tail: bool = True) -> str:
+    """Row i's response as a token heatmap after the prompt's last tokens (see rollouts_html).
+
+    `prompt_tail=False` starts at the boundary mark alone: the table shows the tail once per
+    prompt group, in the prompt's cell."""
     tok = r.tokens(i)
     ids = [int(t) for t in tok["ids"][:max_tokens]]
     texts = tok["texts"][:max_tokens] if tok["texts"] is not None else None
@@ -196,7 +199,7 @@ def completion_html(r: RolloutsView, i: int, *, max_tokens: int) -> str:
     top_lp = tok["top_logprobs"][:max_tokens] if tok["top_logprobs"] is not None else None
     top_ids = tok["top_ids"][:max_tokens] if tok["top_ids"] is not None else None
     alt_texts = alternative_texts(r, top_ids) if top_ids is not None else {}
-    spans = [_prompt_tail_html(r, i)]
+    spans = [_prompt_tail_html(r, i) if prompt_tail else _BOUNDARY]
     for j, tid in enumerate(ids):
         if pieces is None:  # no text at all: the ids themselves, the pad/EOS id as a tag
             body = f'<span style="{_TAG_STYLE}">{tid}</span> ' if tid == pad_id else f"{tid} "
@@ -226,24 +229,50 @@ def completion_html(r: RolloutsView, i: int, *, max_tokens: int) -> str:
         spans.append('<span style="color:#888">(empty)</span>')
     body = "".join(spans)
     # pre-wrap keeps the completion's own spaces and line breaks and wraps long lines at spaces;
-    # break-word also breaks a long run without spaces, so nothing runs off the right edge.
-    return (
-        '<div style="white-space:pre-wrap;word-break:break-word;overflow-wrap:anywhere;color:#111;'
-        f'line-height:1.5;text-align:left;min-width:12em">{body}</div>'
-    )
+    # overflow-wrap:break-word also breaks a long run without spaces, so nothing runs off the right
+    # edge (the values JupyterLab's sanitizer keeps in an untrusted notebook: see _INLINE).
+    return f'<div style="{_TEXT}">{body}</div>'
+
+
+
+
+# Layout that must survive an untrusted notebook. JupyterLab strips <style> from an untrusted
+# output (one nbconvert executed, one a colleague sent) and keeps inline style= declarations whose
+# property and value its sanitizer allows (apputils' sanitizer: e.g. overflow-wrap only
+# normal|break-word, word-break only normal|keep-all|break-all). So everything the layout needs is
+# inline, with such values only; VIEW_STYLE below only repeats it for other pages and for
+# rlgen's other views.
+_CELL = "text-align:left;vertical-align:top;padding:2px 6px;overflow-wrap:break-word"
+_TEXT = "white-space:pre-wrap;overflow-wrap:break-word;color:#111;line-height:1.5;text-align:left"
+# A fixed layout at 100%: the columns get the widths of the <col>s whatever their content, so the
+# table fits its output area and the completion keeps at least half of it.
+_TABLE = "table-layout:fixed;width:100%;max-width:100%;border-collapse:collapse;margin-left:0;margin-right:0"
+_LINE = "white-space:normal;line-height:1.4;max-width:100%"
+# Percent of the table per column; the completion takes the rest (never under half).
+_WIDTHS = {"prompt": 16, "sample": 10, "reward": 9, "data": 15}
+_INLINE = (_CELL, _TEXT, _TABLE, _LINE)
 
 
 def _finish_cell(row: Any) -> str:
+    """The finish reason, coloured, with what it means on hover (stop ⟨2⟩: stopped at token id 2)."""
     reason = str(row["finish_reason"])
     text = reason
+    title = {"stop": "stop: the model ended the response", "length": "length: cut at max_new_tokens",
+             "abort": "abort: the request was aborted", "error": "error: the request failed"}.get(reason, reason)
     matched = row["matched_stop"]
     if matched is not None and not (isinstance(matched, float) and math.isnan(matched)):
-        text += f" ⟨{matched}⟩" if isinstance(matched, (int, float)) else f" {matched!r}"
+        if isinstance(matched, (int, float)):
+            text += f" ⟨{int(matched)}⟩"
+            title = f"stop: stopped at token id {int(matched)} (a stop token, e.g. the EOS)"
+        else:
+            text += f" {matched!r}"
+            title = f"stop: stopped at the stop string {matched!r}"
     err = row.get("error")
     if isinstance(err, str) and err:
         text += f": {clip_text(err, 80)}"
+        title += f": {clip_text(err, 2000)}"
     colour = {"stop": "#2a7", "length": "#c80", "abort": "#c33", "error": "#c33"}.get(reason, "#888")
-    return f'<span style="color:{colour}">{html.escape(text)}</span>'
+    return f'<span style="color:{colour}" title="{html.escape(title)}">{html.escape(text)}</span>'
 
 
 def last_user_message(row: Any) -> str | None:
@@ -258,20 +287,79 @@ def last_user_message(row: Any) -> str | None:
     return str(users[-1].get("content", "")) if users else None
 
 
-def _prompt_cell(row: Any, *, max_chars: int) -> str:
-    """The last user message (or the prompt's end), the full prompt one click away."""
+def _prompt_cell(r: RolloutsView, pos: int, row: Any, *, max_chars: int) -> str:
+    """The last user message (or the prompt's end), the full prompt one click away, then the
+    prompt's last tokens before the response (once per group: every sample shares them)."""
     prompt = row["prompt"]
     full = prompt if isinstance(prompt, str) else f"({int(row['prompt_tokens'])} prompt tokens, given as ids)"
     short = last_user_message(row)
     shown = clip_text(short, max_chars) if short is not None else clip_text(full, max_chars, tail=True)
     label = f'<span style="color:#888">prompt {row["prompt_index"]}</span> '
+    tail = _prompt_tail_html(r, pos)
+    tail_html = (f'<div style="color:#888;font-size:85%;margin-top:2px" title="the prompt\'s last tokens; '
+                 f'each response starts after │">ends {tail}</div>') if tail else ""
+    style = f'class="rlgen-prompt" style="{_TEXT}"'
     if shown == full:
-        return f'<div class="rlgen-prompt">{label}{html.escape(shown)}</div>'
+        return f"<div {style}>{label}{html.escape(shown)}{tail_html}</div>"
     return (
-        f'<div class="rlgen-prompt">{label}{html.escape(shown)}<details><summary style="color:#888;cursor:pointer">'
+        f'<div {style}>{label}{html.escape(shown)}<details><summary style="color:#888;cursor:pointer">'
         f'full prompt ({len(full):,} chars)</summary><div style="white-space:pre-wrap;color:#444">'
-        f"{html.escape(clip_text(full, 20_000, tail=True))}</div></details></div>"
+        f"{html.escape(clip_text(full, 20_000, tail=True))}</div></details>{tail_html}</div>"
     )
+
+
+def _sample_cell(row: Any) -> str:
+    """Sample index and row id, finish reason, completion tokens and mean logprob, one a line."""
+    lines = [
+        f'<span title="sample {row["sample_index"]} of its prompt; row_id {int(row["row_id"])}">'
+        f'#{row["sample_index"]} <span style="color:#888">row {int(row["row_id"])}</span></span>',
+        _finish_cell(row),
+        f'<span title="{row["completion_tokens"]} completion tokens after {int(row["prompt_tokens"])} prompt tokens">'
+        f'{row["completion_tokens"]} tok</span>',
+        f'<span title="mean logprob of the response tokens" style="color:#555">lp {html.escape(_fmt(row["logprob_mean"]))}</span>',
+    ]
+    return "".join(f"<div>{line}</div>" for line in lines)
+
+
+def _reward_cell(row: Any, columns: list[str]) -> str:
+    """Each reward function's value, then `reward` and `advantage`, one a line."""
+    lines = []
+    for c in columns:
+        name = {"advantage": "adv"}.get(c, c.removeprefix("reward_") if c != "reward" else c)
+        weight = "font-weight:bold;" if c == "reward" else ""
+        lines.append(f'<div title="{html.escape(c)}" style="{weight}white-space:nowrap;overflow:hidden">'
+                     f'<span style="color:#888">{html.escape(name)}</span> {html.escape(_fmt(row[c], 12))}</div>')
+    return "".join(lines)
+
+
+def _data_text(value: Any) -> str:
+    """A data value as one line of text: JSON for nested values (dicts, lists, arrays)."""
+    import json
+
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, float):
+        return _fmt(value)
+    return "" if value is None else str(value)
+
+
+_DATA_CHARS = 48
+
+
+def _data_cell(row: Any, columns: list[str]) -> str:
+    """Each data column as "name value", shortened to a line or two; the full value on hover."""
+    lines = []
+    for c in columns:
+        text = _data_text(row[c])
+        short = clip_text(text.replace("\n", " "), _DATA_CHARS)
+        title = f' title="{html.escape(c)}: {html.escape(clip_text(text, 4000))}"' if short != text else ""
+        lines.append(f'<div{title}><span style="color:#888">{html.escape(c)}</span> {html.escape(short)}</div>')
+    return "".join(lines)
 
 
 # Reward detail columns live in res.df; the view shows each reward's value, `reward`, `advantage`.
@@ -280,13 +368,34 @@ _HIDDEN = ("prompt_messages", "group_mean", "group_std", "group_zero_std", "rewa
 _MAX_DATA_COLUMNS = 4
 
 
-def _view_columns(r: RolloutsView) -> tuple[list[str], list[str]]:
-    """(columns shown before the completion, columns left out) among the extra ones."""
+def _repeats_prompt(df: Any, column: str) -> bool:
+    """Whether a data column only repeats the prompt: on every row equal to the prompt text or to
+    the last user message (a dataset's `question` that the prompt was built from)."""
+    if not len(df):
+        return False
+    values = df[column].tolist()
+    if not all(isinstance(v, str) for v in values):
+        return False
+    for (_, row), value in zip(df.iterrows(), values):
+        text = value.strip()
+        prompt = row["prompt"]
+        if isinstance(prompt, str) and text == prompt.strip():
+            continue
+        user = last_user_message(row)
+        if user is None or text != user.strip():
+            return False
+    return True
+
+
+def _view_columns(r: RolloutsView) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(reward columns, data columns shown, data columns left out, data columns that repeat the prompt)."""
     extra = [c for c in r.extra_columns if c not in _HIDDEN and not c.endswith(_HIDDEN_SUFFIXES)]
     rewards = [c for c in extra if c.startswith("reward_")]
     rest = [c for c in extra if not c.startswith("reward_")]
-    shown = rewards + [c for c in ("reward", "advantage") if c in r.df.columns] + rest[:_MAX_DATA_COLUMNS]
-    return shown, rest[_MAX_DATA_COLUMNS:]
+    repeats = [c for c in rest if _repeats_prompt(r.df, c)]
+    rest = [c for c in rest if c not in repeats]
+    rewards += [c for c in ("reward", "advantage") if c in r.df.columns]
+    return rewards, rest[:_MAX_DATA_COLUMNS], rest[_MAX_DATA_COLUMNS:], repeats
 
 
 def _groups(df: Any) -> list[int]:
@@ -301,21 +410,42 @@ def _groups(df: Any) -> list[int]:
     return spans
 
 
-def _mask_note(r: RolloutsView, shown: Any) -> str:
-    """What the colours cover, and the pad = EOS trap when a shown response ends with the pad id."""
+def _mask_note(r: RolloutsView, shown: Any) -> tuple[str, str]:
+    """(a label for the header line, the note on what the colours cover): the label warns of the
+    pad = EOS trap when a shown response ends with the pad id."""
     text = ("Coloured tokens are the response: response_ids where response_mask is 1 (the EOS included); "
             "the dashed grey tokens before │ are the prompt's last tokens.")
     last_ids = (r.tokens(i)["ids"][-1:] for i in range(len(shown)))
     ends = sum(1 for last in last_ids if len(last) and int(last[0]) == r.pad_token_id)
+    label = '<span style="color:#888">masking</span>'
     if ends:
         text += (f" The pad id {r.pad_token_id} is also the last token of {ends} shown response{'s' if ends != 1 else ''}"
                  f" (this model's EOS): mask with response_mask, not response_ids != {r.pad_token_id}, or the EOS is dropped.")
-    return f'<div style="color:#666;font-size:90%;margin-bottom:4px">{html.escape(text)}</div>'
+        label = f'<span style="color:#b60">⚠ pad id {r.pad_token_id} = EOS: mask with response_mask</span>'
+    return label, f'<div style="color:#666;white-space:normal">{html.escape(text)}</div>'
+
+
+def _provenance(rec: dict[str, Any]) -> str:
+    parts = [f"{rec.get('backend')} server {rec.get('server_version')}"]
+    digest = rec.get("weights_sha256")
+    parts.append(f"weights sha256 {digest[:12]}" if digest else "weights not hashed (not on this machine)")
+    parts.append("weight version " + ", ".join(map(str, rec.get("weight_versions") or ["?"])))
+    if rec.get("seed") is not None:
+        parts.append(f"seed {rec['seed']}")
+    # "T" -> " " before " UTC" is added (else it reads "U C").
+    parts.append(str(rec.get("started_utc", "")).replace("T", " ").replace("+00:00", " UTC"))
+    if rec.get("gpu"):
+        parts.append(str(rec["gpu"]))
+    cache = rec.get("cache")
+    if cache:
+        total = cache["hits"] + cache["sent"]
+        parts.append(f"{cache['hits']} of {total} prompts from the completion cache")
+    return " · ".join(parts)
 
 
 def record_note(r: RolloutsView) -> str:
-    """One grey line on what made the result (`Rollouts.record`): server, weights, version, seed,
-    time and cache hits, with the whole record under "record"; "" when no run has one."""
+    """What made the result (`Rollouts.record`): server, weights, version, seed, time and cache
+    hits on one grey line, then the whole record; "" when no run has one."""
     import json
 
     records = [rec for rec in r.run_records.values() if rec]
@@ -325,25 +455,10 @@ def record_note(r: RolloutsView) -> str:
         line = f"{len(r.run_records)} runs, each with its record in res.run_records"
         full = json.dumps(r.run_records, indent=1, default=str)
     else:
-        rec = records[0]
-        parts = [f"{rec.get('backend')} server {rec.get('server_version')}"]
-        digest = rec.get("weights_sha256")
-        parts.append(f"weights sha256 {digest[:12]}" if digest else "weights not hashed (not on this machine)")
-        parts.append("weight version " + ", ".join(map(str, rec.get("weight_versions") or ["?"])))
-        if rec.get("seed") is not None:
-            parts.append(f"seed {rec['seed']}")
-        parts.append(str(rec.get("started_utc", "")).replace("+00:00", " UTC").replace("T", " "))
-        if rec.get("gpu"):
-            parts.append(str(rec["gpu"]))
-        cache = rec.get("cache")
-        if cache:
-            total = cache["hits"] + cache["sent"]
-            parts.append(f"{cache['hits']} of {total} prompts from the completion cache")
-        line = " · ".join(parts)
-        full = json.dumps(rec, indent=1, default=str)
-    return (f'<div style="color:#888;font-size:85%">{html.escape(line)} '
-            f'<details style="display:inline"><summary style="display:inline;cursor:pointer">record</summary>'
-            f'<pre style="font-size:85%;max-height:240px;overflow:auto">{html.escape(full)}</pre></details></div>')
+        line = _provenance(records[0])
+        full = json.dumps(records[0], indent=1, default=str)
+    return (f'<div style="color:#666;white-space:normal">record: {html.escape(line)}</div>'
+            f'<pre style="font-size:85%;max-height:240px;overflow:auto">{html.escape(full)}</pre>')
 
 
 def _decode_note(r: RolloutsView) -> str:
@@ -354,11 +469,10 @@ def _decode_note(r: RolloutsView) -> str:
 
 
 # Jupyter right-aligns and vertically centres table cells; token text reads left to right from
-# the top. JupyterLab's rule is `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity
-# 0,2,1); `.jp-RenderedHTMLCommon .rlgen-rollouts table td` (0,2,2) beats it wherever it applies,
-# and `.rlgen-rollouts table td` (0,1,2) covers pages without JupyterLab's classes. Lab also
-# centres tables (margin auto) in some contexts: rlgen's tables sit at the left. The prompt column
-# is capped so the completion gets the width, and the table never exceeds its output area.
+# the top. The inline styles win over JupyterLab's rules (trusted or not); this stylesheet repeats
+# them for rlgen's other views (compare, ab) and other pages. JupyterLab's rule is
+# `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity 0,2,1);
+# `.jp-RenderedHTMLCommon .rlgen-rollouts table td` (0,2,2) beats it wherever it applies.
 _CELLS = "text-align:left; vertical-align:top; padding:2px 6px"
 VIEW_STYLE = (
     "<style>"
@@ -367,58 +481,81 @@ VIEW_STYLE = (
     ".jp-RenderedHTMLCommon .rlgen-rollouts table, .rlgen-rollouts table {margin-left:0; margin-right:0; max-width:100%}"
     # Inside a widget (the browser) the text would inherit nowrap and a 28 px line height.
     ".rlgen-rollouts, .rlgen-browser {white-space:normal; line-height:1.4; max-width:100%}"
-    ".rlgen-rollouts .rlgen-prompt {max-width:18em; min-width:8em; white-space:pre-wrap; overflow-wrap:anywhere}"
+    ".rlgen-rollouts .rlgen-prompt {white-space:pre-wrap; overflow-wrap:break-word}"
     ".jp-RenderedHTMLCommon .rlgen-rollouts table td.rlgen-num, .rlgen-rollouts table td.rlgen-num {white-space:nowrap}"
     "</style>"
 )
 
 
-def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200) -> str:
-    """An HTML view of `r`: a header line, then the first `max_rows` rows, a row per sample.
+def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200,
+                  lead: str = "") -> str:
+    """An HTML view of `r`: one header line, then the first `max_rows` rows, a row per sample.
 
+    The header line: the one-line repr, the colour legend, and folded notes (masking, record).
     Each prompt group shows its prompt once (the last user message; the full prompt under "full
-    prompt"), then per sample: row id, sample index, finish reason, completion tokens, the rewards
-    and advantage when present, a few data columns, and the completion drawn token by token as
-    real text (visible newlines, special tokens as grey tags) after the prompt's last tokens,
-    coloured by p = exp(logprob) on a log scale with a legend (hover: id, text, logprob, top-k
-    alternatives with their texts). Tokens past `max_tokens` and prompt text past `max_chars` are
-    cut. All text is escaped.
+    prompt"; the prompt's last tokens), then per sample: sample index and row id, finish reason,
+    completion tokens and mean logprob; the rewards and advantage when present; up to four data
+    columns (shortened, full value on hover; a column that only repeats the prompt is left out);
+    and the completion drawn token by token as real text (visible newlines, special tokens as grey
+    tags), coloured by p = exp(logprob) on a log scale (hover: id, text, logprob, top-k
+    alternatives with their texts). The table fills its output area's width, and the completion
+    gets at least half of it. Tokens past `max_tokens` and prompt text past `max_chars` are cut.
+    All text is escaped; `lead` (already HTML) opens the header line. Every layout rule is an
+    inline style, so the view keeps its layout in an untrusted notebook.
     """
     df = r.df
     shown = df.head(max_rows)
-    columns, left_out = _view_columns(r)
-    head = ["row", "prompt", "sample", "finish", "tokens", "mean lp", *columns, "completion"]
+    rewards, data, left_out, repeats = _view_columns(r)
+    columns = ["prompt", "sample", *(["reward"] if rewards else []), *(["data"] if data else [])]
+    widths = [_WIDTHS[c] for c in columns]
+    columns.append("completion")
+    widths.append(100 - sum(widths))
     spans = _groups(shown)
+    td = f'<td style="{_CELL}"'
     rows_html = []
     for pos, (_, row) in enumerate(shown.iterrows()):
-        num = ' class="rlgen-num"'
-        cells = [f'<td{num} style="color:#888">{int(row["row_id"])}</td>']
+        cells = []
         if spans[pos]:
-            cells.append(f'<td rowspan="{spans[pos]}">{_prompt_cell(row, max_chars=max_chars)}</td>')
-        cells += [
-            f"<td{num}>{row['sample_index']}</td>",
-            f"<td{num}>{_finish_cell(row)}</td>",
-            f'<td{num} title="{int(row["prompt_tokens"])} prompt tokens">{row["completion_tokens"]}</td>',
-            f"<td{num}>{_fmt(row['logprob_mean'])}</td>",
-            *(f"<td{num}>{html.escape(_fmt(row[c], 24))}</td>" for c in columns),
-            f"<td>{completion_html(r, pos, max_tokens=max_tokens)}</td>",
-        ]
+            cells.append(f'{td} rowspan="{spans[pos]}">{_prompt_cell(r, pos, row, max_chars=max_chars)}</td>')
+        cells.append(f"{td}>{_sample_cell(row)}</td>")
+        if rewards:
+            cells.append(f"{td}>{_reward_cell(row, rewards)}</td>")
+        if data:
+            cells.append(f"{td}>{_data_cell(row, data)}</td>")
+        cells.append(f"{td}>{completion_html(r, pos, max_tokens=max_tokens, prompt_tail=False)}</td>")
         rows_html.append("<tr>" + "".join(cells) + "</tr>")
-    # Long column names may break after "_" (reward_exact_match), so they do not widen the table.
-    header = "".join(f"<th>{html.escape(str(h)).replace('_', '_<wbr>')}</th>" for h in head)
-    summary = html.escape(short_repr(r)[1:-1])
+    cols = "".join(f'<col style="width:{w}%">' for w in widths)
+    header = "".join(f'<th style="{_CELL}">{html.escape(h)}</th>' for h in columns)
+    parts = [lead] if lead else []
+    parts.append(html.escape(short_repr(r)[1:-1]))
     if r.has_logprobs:
-        summary += f" | colour (log scale): {_legend_html()} | hover a token for its id, logprob and top-k"
+        parts.append(_legend_html())
+    notes = []
+    if len(shown):
+        label, note = _mask_note(r, shown)
+        parts.append(label)
+        notes.append(note)
+    record = record_note(r)
+    if record:
+        parts.append('<span style="color:#888">record</span>')
+        notes.append(record)
+    # One line; what the colours cover and the record open under it (a <details>: no script, and
+    # it survives an untrusted notebook).
+    line = " · ".join(parts)
+    head = (f'<details style="font-family:monospace;font-size:90%;margin-bottom:4px;{_LINE}">'
+            f'<summary style="cursor:pointer">{line}</summary>{"".join(notes)}</details>')
     foot = []
     if len(df) > max_rows:
         foot.append(f"showing {max_rows} of {len(df)} rows; use res[i], res[a:b], res.where(...) or res.browse()")
+    if repeats:
+        foot.append(f"not shown: {', '.join(repeats)} (the same text as the prompt)")
     if left_out:
         foot.append("more columns in res.df: " + ", ".join(left_out))
     foot_html = "".join(f'<div style="color:#888">{html.escape(f)}</div>' for f in foot)
     return (
-        f'<div class="rlgen-rollouts">{VIEW_STYLE}<div style="font-family:monospace;margin-bottom:4px">{summary}</div>'
-        f"{record_note(r)}{_mask_note(r, shown) if len(shown) else ''}{_decode_note(r)}"
-        f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(rows_html)}</tbody></table>{foot_html}</div>"
+        f'<div class="rlgen-rollouts" style="{_LINE}">{VIEW_STYLE}{head}{_decode_note(r)}'
+        f'<table style="{_TABLE}"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
+        f"<tbody>{''.join(rows_html)}</tbody></table>{foot_html}</div>"
     )
 
 
