@@ -82,14 +82,20 @@ class RewardSummary:
     flags: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
-        lines = [self._display_table().to_string()]
-        lines += [f"! {flag}" for flag in self.flags] or ["no flags: nothing looks wrong"]
-        return "\n".join(lines)
+        """The flags first (what to act on), then the table."""
+        lines = [f"⚠ {flag}" for flag in self.flags] or ["✓ no flags: nothing looks wrong"]
+        return "\n".join([*lines, "", self._display_table().to_string()])
 
     def _repr_html_(self) -> str:
-        items = "".join(f"<li>{html.escape(f)}</li>" for f in self.flags) or "<li>no flags: nothing looks wrong</li>"
-        return (f'<div class="rlgen-reward-summary">{self._display_table().to_html(escape=True)}'
-                f'<ul style="margin-top:6px">{items}</ul></div>')
+        """The flags first, as warnings (⚠, amber), then the table; inline styles only, so an
+        untrusted notebook shows them the same."""
+        if self.flags:
+            flags = "".join(f'<div style="color:#a35200;font-weight:bold;margin:2px 0">⚠ {html.escape(f)}</div>'
+                            for f in self.flags)
+        else:
+            flags = '<div style="color:#2a7;margin:2px 0">✓ no flags: nothing looks wrong</div>'
+        return (f'<div class="rlgen-reward-summary" style="white-space:normal;line-height:1.4">'
+                f'<div style="margin-bottom:6px">{flags}</div>{self._display_table().to_html(escape=True)}</div>')
 
     def _display_table(self) -> pd.DataFrame:
         """The table turned on its side (a column per function, so it fits a notebook's width),
