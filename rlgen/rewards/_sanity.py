@@ -62,8 +62,12 @@ class SanityReport:
 
     def _headline(self) -> str:
         n_failed = int((~self.table["ok"]).sum())
-        return (f"sanity_check: {'PASSED' if self.passed else 'FAILED'} "
-                f"({len(self.table) - n_failed} of {len(self.table)} checks over {self.table['case'].nunique()} cases)")
+        cases = self.table["case"].nunique()
+        if self.passed:
+            return f"sanity_check: PASSED ({len(self.table)} of {len(self.table)} checks passed over {cases} cases)"
+        # Count what failed: "32 of 80 checks" after FAILED read as 32 failures when 32 had passed.
+        return (f"sanity_check: FAILED ({n_failed} of {len(self.table)} checks failed, "
+                f"{len(self.table) - n_failed} passed, over {cases} cases)")
 
     def __repr__(self) -> str:
         return self._headline() if self.passed else self._headline() + "\n" + self.by_check().to_string()

@@ -76,3 +76,15 @@ def test_an_oracle_that_scores_no_better_than_garbage_does_not_score_highest() -
 
     report = sanity_check(always_zero, DATA, mode="thread")
     assert "oracle scores highest" in set(report.failures()["check"])
+
+
+def test_the_headline_counts_the_checks_that_failed_not_those_that_passed() -> None:
+    def nonempty(completion: str) -> float:
+        return float(bool(completion))
+
+    report = sanity_check(nonempty, DATA, mode="thread")
+    n, failed = len(report.table), int((~report.table["ok"]).sum())
+    assert repr(report).splitlines()[0] == (f"sanity_check: FAILED ({failed} of {n} checks failed, {n - failed} passed, "
+                                            f"over {report.table['case'].nunique()} cases)")
+    good = sanity_check(answer_match(extract="last_number"), DATA, mode="thread")
+    assert repr(good).startswith(f"sanity_check: PASSED ({len(good.table)} of {len(good.table)} checks passed")
