@@ -82,7 +82,11 @@ class GenerationMixin(EngineBase):
                 prompt of it). KeyboardInterrupt: Ctrl-C; in-flight requests were aborted on the
                 server, finished samples are in `eng.last_result`.
         """
-        call = self._prepare(prompts, options)
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(GenerateOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        call = self._prepare(prompts, options, resolved=opts)
         if call.job.prompt_ids:  # else every prompt was answered by the completion cache
             with self._progress_line(call.job, call.progress) as line:
                 try:
@@ -96,7 +100,11 @@ class GenerationMixin(EngineBase):
     @takes_options(GenerateOptions)
     async def agenerate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
         """`generate()` for `await` (e.g. at the top level of a notebook cell): the same options."""
-        call = self._prepare(prompts, options)
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(GenerateOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        call = self._prepare(prompts, options, resolved=opts)
         if call.job.prompt_ids:  # else every prompt was answered by the completion cache
             with self._progress_line(call.job, call.progress) as line:
                 future = asyncio.run_coroutine_threadsafe(
@@ -122,8 +130,11 @@ class GenerationMixin(EngineBase):
         Takes the sampling options of generate(); one prompt, one sample. Breaking out of the loop
         aborts the request on the server.
         """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            resolved = _options.resolve(StreamOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
         self._check_ready()
-        resolved = _options.resolve(StreamOptions, options)
         batch = self._normalize(prompt, max_new_tokens=resolved["max_new_tokens"])
         if len(batch) != 1:
             raise ValueError("stream() takes one prompt; use generate(stream=True) for batches")
@@ -145,13 +156,14 @@ class GenerationMixin(EngineBase):
                 await self._client.abort([payload["rid"]])
             raise
 
-    def _prepare(self, prompts: Prompts, options: Mapping[str, Any]) -> _Call:
+    def _prepare(self, prompts: Prompts, options: Mapping[str, Any], *, resolved: dict[str, Any] | None = None) -> _Call:
         """Check everything, look the prompts up in the completion cache, and build the job for
-        the rest; raises before anything is sent."""
+        the rest; raises before anything is sent. `resolved`: the options already checked."""
+        opts = _options.resolve(GenerateOptions, options) if resolved is None else resolved
         self._check_ready()
         started = time.time()
-        opts = _options.resolve(GenerateOptions, options)
         self._warn_if_seed_ignored(opts)
+        self._warn_if_plain_text_to_chat_model(prompts)
         batch = self._normalize(prompts, max_new_tokens=opts["max_new_tokens"])
         chunk_size = opts["chunk_size"] or request_size(len(batch), most=AUTO_CHUNK_MAX)
         max_in_flight = opts["max_in_flight"]
@@ -205,6 +217,24 @@ class GenerationMixin(EngineBase):
                 call.hits[i] = answers
         call.sent = [i for i in range(len(call.keys)) if i not in call.hits]
         job.prompt_ids = [job.prompt_ids[i] for i in call.sent]
+
+    def _warn_if_plain_text_to_chat_model(self, prompts: Prompts) -> None:
+        """Once per Engine: plain-text prompts to a model with a chat template. A chat model given
+        raw text often answers nothing (an immediate EOS: empty completions marked 'stop')."""
+        if getattr(self, "_warned_plain_text", False):
+            return
+        texts = [prompts] if isinstance(prompts, str) else prompts
+        if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(p, str) for p in texts):
+            return
+        if not getattr(getattr(self, "tokenizer", None), "chat_template", None):
+            return
+        self._warned_plain_text = True
+        warnings.warn(
+            "these prompts are plain text, but this model has a chat template: it is sent the text as it is, "
+            "without the template, and a chat model often answers that with an empty completion ('stop'). "
+            'To chat, send messages: eng.generate([[{"role": "user", "content": text}] for text in prompts])',
+            stacklevel=4,
+        )
 
     def _warn_if_seed_ignored(self, opts: Mapping[str, Any]) -> None:
         if opts["seed"] is not None and not _server_info.honours_seed(self._server_info):
