@@ -18,7 +18,7 @@ from _episodes_build import (
     tokenizer_with_template,
 )
 
-from rlgen.episodes import CAUSES, Drift, drift, drift_summary
+from rlgen.episodes import CAUSES, Drift, drift, drift_summary, message_delta_ids
 
 U, A = "user", "assistant"
 
@@ -132,8 +132,6 @@ def test_a_thinking_template_rewrites_history_inside_the_first_assistant_turn(th
 def test_the_thinking_template_still_gives_token_faithful_deltas(think_tok: Any, tok: Any) -> None:
     # its delta after an EOS is the same as ChatML's: the base has no think block to drop
     new = [msg(U, "And 13 * 13?")]
-    from rlgen.episodes import message_delta_ids
-
     assert message_delta_ids(think_tok, new) == message_delta_ids(tok, new)
     ids, *_ = build_episode(think_tok, THINK_CHAT[:2])
     assert drift(think_tok, THINK_CHAT[:2], ids).same  # one turn: nothing earlier to rewrite
@@ -192,3 +190,14 @@ def test_drift_summary_counts_episodes_by_cause_and_the_share_of_turns_retokeniz
     assert df.loc["retokenized", "share"] == pytest.approx(0.4)
     assert df.loc["retokenized", "retokenized_share"] == pytest.approx(2 / 4)
     assert drift_summary([]).loc["all", "episodes"] == 0
+
+
+def test_a_long_episode_drifts_at_every_boundary_and_only_there(tok: Any) -> None:
+    chat = [msg(U, "Tell me a story.")]
+    for k in range(20):
+        chat += [msg(A, " ".join(f"word{k}x{j}" for j in range(60))), msg(U, f"Continue {k}.")]
+    chat = chat[:-1]
+    ids, roles, *_ = build_episode(tok, chat)
+    bad, _ = _without_boundary_newlines(ids, roles)
+    d = drift(tok, chat, bad)  # 6,711 ids against 6,730: aligned in well under a second
+    assert (d.n_ids, d.n_render, d.cause, d.causes, d.assistant_turns) == (6711, 6730, "boundary", ("boundary",), 20)
