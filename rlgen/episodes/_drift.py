@@ -46,7 +46,8 @@ class Drift:
     `position` is the first token index where the two differ (None when they are the same);
     `turn` the turn it falls in: the index of the run of equal `roles` when roles were given, else
     the message index in `messages` (counting EOS tokens, one per message: ChatML and its kin);
-    `role` that turn's role. The windows start at `window_start` in both sequences; `*_tokens` are
+    `role` that turn's role. `n_render` counts the re-render as compared (without the template's
+    tokens after a final assistant EOS, see `drift`). The windows start at `window_start` in both sequences; `*_tokens` are
     each id decoded alone. `causes` lists the cause of every differing stretch, first seen first;
     `assistant_turns` / `retokenized_turns` count the assistant spans in `ids` and those whose ids
     differ from re-tokenizing their decoded text.
