@@ -253,7 +253,7 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
         line.close(ok=True, message="; ".join(["ready", *notes]))
         # 3) Client, tokenizer and what the server says about itself.
         try:
-            self._connect(tokenizer=tokenizer.result())
+            self._connect(tokenizer=tokenizer)
         except BaseException:
             self._state = EngineState.FAILED
             if self._kept is not None:
@@ -286,7 +286,7 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
     def _connect_owned(self, tokenizer: concurrent.futures.Future[Any], t0: float) -> None:
         """Connect to the router of `replicas`; on failure stop everything."""
         try:
-            self._connect(tokenizer=tokenizer.result())
+            self._connect(tokenizer=tokenizer)
         except BaseException:
             self._state = EngineState.FAILED
             if self._replicas is not None:
@@ -309,7 +309,7 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
         self.reattached = True
         self.start_times["server_s"] = time.monotonic() - t0
         try:
-            self._connect(tokenizer=tokenizer.result())
+            self._connect(tokenizer=tokenizer)
             self.start_times["total_s"] = time.monotonic() - t0
         except BaseException:
             self._state = EngineState.FAILED
@@ -386,14 +386,23 @@ class Engine(GenerationMixin, ScoringMixin, ControlMixin):
         self._replicas = None
 
     def _connect(self, *, tokenizer: Any) -> None:
+        """Client, server info and tokenizer (an object, a path, or the future of the one loading in a
+        thread: the server is asked first, so that the first request's imports, aiohttp's, overlap
+        the tokenizer's load instead of following it)."""
         client_type = _router.RouterClient if self._behind_router else Client
         self._client = client_type(self.url, request_timeout=self._request_timeout,
                                    on_connection_error=self._on_connection_error, api_key=self._api_key)
-        self.tokenizer = load_tokenizer(tokenizer)
+        try:
+            self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
+            self._weight_version = _loop.run_sync(self._client.get_info("model", timeout=60)).get("weight_version")
+            if isinstance(tokenizer, concurrent.futures.Future):
+                tokenizer = tokenizer.result()
+            self.tokenizer = load_tokenizer(tokenizer)
+        except BaseException:
+            close_client(self._client)  # its session is open now: no "unclosed session" at exit
+            raise
         self._token_text = TokenText(self.tokenizer)  # each result's decode: token text for its view
         self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
-        self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
-        self._weight_version = _loop.run_sync(self._client.get_info("model", timeout=60)).get("weight_version")
         self.context_length = _server_info.context_length(self._server_info, self.tokenizer, self.model_path)
         self._state = EngineState.READY
         self._finalizer = weakref.finalize(self, close_client, self._client)

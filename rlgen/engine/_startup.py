@@ -108,12 +108,15 @@ def timed_load_tokenizer(tokenizer: Any, times: dict[str, float]) -> Any:
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object as given (used as is), or the one of a path: what `AutoTokenizer` gives,
+    through `client._tokenizer`'s lighter path when it knows that path gives the same object (a
+    kernel that reattaches to a kept server then imports neither torch nor transformers' model stack)."""
     if not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
-    from transformers import AutoTokenizer
+    from ..client._tokenizer import load_tokenizer as load
 
     try:
-        return AutoTokenizer.from_pretrained(str(tokenizer))
+        return load(tokenizer)
     except (OSError, ValueError) as err:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
 

@@ -43,9 +43,9 @@ class TokenText:
                 if self.error is not None:
                     raise OSError(self.error)
                 try:
-                    from transformers import AutoTokenizer
+                    from ..client._tokenizer import load_tokenizer  # AutoTokenizer's object, lighter when it can
 
-                    self._tokenizer = AutoTokenizer.from_pretrained(str(self.source), local_files_only=True)
+                    self._tokenizer = load_tokenizer(str(self.source), local_files_only=True)
                 except Exception as err:  # any failure means "no token text": the caller shows ids
                     self.error = (
                         f"the tokenizer {self.source!r} is not available here ({type(err).__name__}); "
