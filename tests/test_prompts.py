@@ -105,3 +105,30 @@ def test_a_missing_key_in_a_list_of_dicts_gives_none() -> None:
 def test_bad_per_prompt_data_is_refused_before_sending(data, error, match) -> None:
     with pytest.raises(error, match=match):
         prompt_data(data, 2, reserved=["completion"])
+
+
+@pytest.fixture(scope="module")
+def light_tok(model_path, tmp_path_factory):
+    """The default model's tokenizer as the Engine of a reattaching kernel holds it: a LightTokenizer
+    served from its record (no transformers object behind it), in a private record store."""
+    from rlgen.client._light_tokenizer import LightTokenizer
+    from rlgen.client._tokenizer import load_tokenizer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        load_tokenizer(model_path)  # through AutoTokenizer: probes, then the record
+        light = load_tokenizer(model_path)
+    assert isinstance(light, LightTokenizer)
+    return light
+
+
+def test_the_light_tokenizer_gives_every_prompt_form_the_same_ids_and_texts_as_transformers(tok, light_tok) -> None:
+    chats = [[{"role": "user", "content": "What is 2+2?"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Le café 日本 🙂\n\nok"},
+              {"role": "assistant", "content": "hello"}, {"role": "user", "content": "<|im_end|> bye"}]]
+    texts = ["Hello world", "a\n\nb", "Le café 日本 🙂", "<|im_start|>user\nhi<|im_end|>"]
+    for prompts in (texts, chats, chats[1], "one string", [[1, 2, 3], [4]]):
+        light, hf = norm(prompts, light_tok), norm(prompts, tok)
+        assert (light.kind, light.ids, light.texts) == (hf.kind, hf.ids, hf.texts), prompts
+    assert len(light_tok) == len(tok)
+    assert light_tok._hf is None, "a prompt form went to transformers"

@@ -44,3 +44,15 @@ def test_a_source_that_is_not_here_raises_and_says_what_to_pass_instead(tmp_path
 def test_a_token_text_needs_a_tokenizer_or_a_source():
     with pytest.raises(ValueError, match="tokenizer or a source"):
         TokenText()
+
+
+def test_a_light_tokenizer_gives_the_same_token_texts(tok, model_path, tmp_path, monkeypatch):
+    from rlgen.client._light_tokenizer import LightTokenizer
+    from rlgen.client._tokenizer import load_tokenizer
+
+    monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path))
+    load_tokenizer(model_path)  # writes the record: a later load, like TokenText.load's, is light
+    ids = [*tok(COMPLETION, add_special_tokens=False)["input_ids"], tok.eos_token_id, *tok(" 日本")["input_ids"][:1]]
+    later = TokenText.load(model_path)
+    assert later(ids) == TokenText(tok)(ids) and isinstance(later.tokenizer(), LightTokenizer)
+    assert later.tokenizer()._hf is None
