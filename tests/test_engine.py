@@ -388,6 +388,29 @@ def test_a_generate_call_reports_progress_per_answered_request_and_ends_with_its
     assert "generate: 8 samples · 24 tokens ·" in capfd.readouterr().err
 
 
+def test_a_call_of_one_large_request_still_moves_its_progress_line_from_the_server_s_load(engine, monkeypatch) -> None:
+    # Before: "0/4 samples" with an empty bar for the whole call, then done (nothing else moved).
+    import time as _time
+
+    from rlgen.client import _generate
+    from rlgen.core._progress import ProgressLine
+
+    monkeypatch.setattr(_generate, "LOAD_POLL_S", 0.3)
+    notes: list[tuple[float, str]] = []
+    original = ProgressLine.set_note
+
+    def spy(self, note):
+        notes.append((_time.monotonic(), note))
+        original(self, note)
+
+    monkeypatch.setattr(ProgressLine, "set_note", spy)
+    engine.generate(["a", "b", "c", "d"], max_new_tokens=160, ignore_eos=True, chunk_size=4, progress=True)
+    used = [int(n.split(" · ")[1].split(" ")[0].replace(",", "")) for _, n in notes if "running" in n]
+    assert len(used) >= 2, notes  # the line moved while the one request ran
+    assert used[-1] > used[0], notes  # by the tokens generated so far
+    assert all(b - a < 2.0 for (a, _), (b, _) in zip(notes, notes[1:]))
+
+
 def test_a_score_call_ends_with_rows_and_seconds_not_a_token_rate(engine, capfd) -> None:
     engine.score(["a", "b"], ["x", "y"], progress=True)
     last = capfd.readouterr().err.strip().splitlines()[-1]

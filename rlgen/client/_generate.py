@@ -72,10 +72,16 @@ def chunks_to_fill(server_capacity: int | None, chunk_size: int, n: int) -> int:
 
 
 async def run_generate(client: Client, job: GenerateJob, *,
-                       on_progress: Callable[[int, int], object] | None = None) -> None:
+                       on_progress: Callable[[int, int], object] | None = None,
+                       on_load: Callable[[int, int], object] | None = None) -> None:
     """Send `job` and fill `job.results` (prompt-major, n per prompt).
 
     `on_progress(samples, tokens)` is called (on the loop) as each request is answered.
+    `on_load(running_requests, used_tokens)` is called about every `LOAD_POLL_S` while the job
+    runs, from the server's `/v1/loads` (SGLang publishes it after every prefill and every 15 decode
+    steps): progress inside a request, which answered requests alone cannot show when a call is one
+    or a few large requests. Not behind a router (its /v1/loads is 404), and never again after the
+    server does not answer it.
 
     On cancellation (Ctrl-C) or a failing request, the rids still in flight are aborted on the
     server before the exception propagates; finished samples stay in `job.results`.
@@ -143,6 +149,7 @@ async def run_generate(client: Client, job: GenerateJob, *,
 
     # 2) Send them, at most `limit` at a time; the first failure cancels the rest.
     tasks = [asyncio.ensure_future(one_request(a, b)) for a, b in spans]
+    poller = asyncio.ensure_future(_poll_loads(client, on_load)) if on_load is not None and not single else None
     try:
         await asyncio.gather(*tasks)
     except BaseException:
@@ -152,6 +159,31 @@ async def run_generate(client: Client, job: GenerateJob, *,
         await asyncio.gather(*tasks, return_exceptions=True)
         await _abort(client, list(in_flight))
         raise
+    finally:
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+
+
+# How often a running job reads the server's load (one small GET; the line redraws at most 4x/s).
+LOAD_POLL_S = 1.0
+
+
+async def _poll_loads(client: Client, on_load: Callable[[int, int], object]) -> None:
+    """Call `on_load(running_requests, used_tokens)` every LOAD_POLL_S from GET /v1/loads (summed
+    over data-parallel ranks); stop quietly when the server does not serve it."""
+    while True:
+        await asyncio.sleep(LOAD_POLL_S)
+        try:
+            body = await client.get("/v1/loads", timeout=5)
+        except RequestError:
+            return
+        loads = body.get("loads") if isinstance(body, dict) else None
+        if not isinstance(loads, list):
+            return
+        running = sum(int(x.get("num_running_reqs") or 0) for x in loads if isinstance(x, dict))
+        used = sum(int(x.get("num_used_tokens") or 0) for x in loads if isinstance(x, dict))
+        on_load(running, used)
 
 
 def _may_resend(client: Client, err: RequestError, attempt: int) -> bool:

@@ -240,6 +240,7 @@ class ProgressLine(_Line):
         self._last_draw = -math.inf
         self.done = 0
         self.tokens = 0
+        self.note = ""   # what is happening inside the unfinished units ("16 running · 3,120 tokens in use")
         self.shown = False
         self.closed = False
 
@@ -255,6 +256,12 @@ class ProgressLine(_Line):
         if threading.get_ident() == self._owner:
             self.tick()
 
+    def set_note(self, note: str) -> None:
+        """Show `note` in the running line (e.g. the server's load while no unit has finished yet).
+        Safe from any thread; the owner's next tick draws it."""
+        with self._lock:
+            self.note = note
+
     def tick(self) -> None:
         """Draw the line if it is due (the owner thread only; other threads' calls do nothing)."""
         if self.closed or not self.enabled or threading.get_ident() != self._owner:
@@ -267,7 +274,8 @@ class ProgressLine(_Line):
         self._last_draw = elapsed
         self.shown = True
         done = min(self.done, self.total)
-        text = f"{self.label} {done:,}/{self.total:,} {self.unit}s · {_seconds(elapsed)}"
+        note = f" · {self.note}" if self.note and done < self.total else ""
+        text = f"{self.label} {done:,}/{self.total:,} {self.unit}s{note} · {_seconds(elapsed)}"
         bar = f'<progress value="{done}" max="{max(self.total, 1)}" style="width:12em;vertical-align:middle"></progress> '
         self._render(text, state="running", extra_html=bar)
 

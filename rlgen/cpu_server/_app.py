@@ -320,6 +320,7 @@ class Routes:
             "timestamp": time.time(),
             "num_running_reqs": runner.num_running,
             "num_waiting_reqs": runner.num_waiting,
+            "num_used_tokens": runner.num_used_tokens,
             "max_running_requests": runner.max_running_requests,
         }
         return json_response({"timestamp": datetime.now(timezone.utc).isoformat(), "version": f"{SGLANG_API_VERSION}+rlgen.cpu",

@@ -125,6 +125,7 @@ class Runner:
         self.last_progress = time.monotonic()
         self.num_running = 0
         self.num_waiting = 0
+        self.num_used_tokens = 0  # tokens of the running sequences (prompt + output), as SGLang's /v1/loads
         self._decode_steps = 0
         self._decode_tokens = 0
         self._decode_log_start = time.monotonic()
@@ -221,6 +222,8 @@ class Runner:
                     self._fail_running("Internal scheduler error; see the server log.")
                 self.num_running = len(self._batch.seqs) if self._batch else 0
                 self.num_waiting = len(self._waiting)
+                self.num_used_tokens = sum(len(s.job.input_ids) + len(s.output_ids)
+                                           for s in self._batch.seqs) if self._batch else 0
 
     def _iterate(self) -> None:
         """One scheduler step: take new work, then run a control call, a prefill or a decode step."""

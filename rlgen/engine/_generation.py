@@ -13,7 +13,7 @@ import contextlib
 import datetime
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from ._base import AUTO_CHUNK_MAX, EngineBase
 from ._startup import pad_id
 
 if TYPE_CHECKING:
-
+    from ..core._progress import ProgressLine
     from ..rollouts._rollouts import Rollouts
 
 __all__ = ["GenerationMixin"]
@@ -90,7 +90,8 @@ class GenerationMixin(EngineBase):
         if call.job.prompt_ids:  # else every prompt was answered by the completion cache
             with self._progress_line(call.job, call.progress) as line:
                 try:
-                    _loop.run_sync(run_generate(self._client, call.job, on_progress=line.advance), on_wait=line.tick)
+                    _loop.run_sync(run_generate(self._client, call.job, on_progress=line.advance,
+                                                on_load=_load_note(line)), on_wait=line.tick)
                 except BaseException:
                     self.last_result = self._rollouts(call, failed=True)
                     raise
@@ -108,7 +109,8 @@ class GenerationMixin(EngineBase):
         if call.job.prompt_ids:  # else every prompt was answered by the completion cache
             with self._progress_line(call.job, call.progress) as line:
                 future = asyncio.run_coroutine_threadsafe(
-                    run_generate(self._client, call.job, on_progress=line.advance), _loop.get_loop()
+                    run_generate(self._client, call.job, on_progress=line.advance, on_load=_load_note(line)),
+                    _loop.get_loop()
                 )
                 waiting = asyncio.wrap_future(future)
                 try:
@@ -307,3 +309,16 @@ class GenerationMixin(EngineBase):
 
             self._gpu_name = gpu_name() or ""
         return self._gpu_name or None
+
+
+def _load_note(line: ProgressLine) -> Callable[[int, int], None] | None:
+    """What a shown progress line says while requests run: the server's own count of running
+    requests and the tokens they hold (prompt + generated so far), so a call made of one large
+    request still moves. None (no polling) when the line is never shown."""
+    if not line.enabled:
+        return None
+
+    def note(running: int, used: int) -> None:
+        line.set_note(f"{running:,} running · {used:,} tokens in use" if running else "")
+
+    return note
