@@ -296,3 +296,13 @@ def test_a_probe_that_answers_differently_is_found(model_path, tok):
     assert _light_tokenizer.differs(tok, LightTokenizer(other, backend, hf=tok)).startswith("chat")
     other = dict(state, special=dict(state["special"], pad="<|endoftext|>"))
     assert _light_tokenizer.differs(tok, LightTokenizer(other, backend, hf=tok)) == "special ids"
+
+
+def test_a_class_with_its_own_encoding_or_decoding_rules_is_left_to_transformers(tok):
+    class OwnDecode(type(tok)):
+        def decode(self, *args, **kwargs):
+            return "its own"
+
+    assert _light_tokenizer._overrides(type(tok)) == []
+    assert _light_tokenizer._overrides(OwnDecode) == ["decode"]
+    assert _light_tokenizer._overrides(object) == list(_light_tokenizer._SERVED)  # no Rust-backed base at all

@@ -382,9 +382,10 @@ def _compile(template: str) -> Any:
 # -- snapshot and the probes that vouch for it ---------------------------------------------------------
 def snapshot(hf: Any) -> tuple[dict[str, Any], str] | None:
     """The state of transformers tokenizer `hf` a `LightTokenizer` serves (JSON-able), and its Rust
-    backend as JSON; None if it has no Rust backend or its state is not plain JSON."""
+    backend as JSON; None if it has no Rust backend, its class encodes or decodes by rules of its own
+    (`_overrides`), or its state is not plain JSON."""
     backend = getattr(hf, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "to_str"):
+    if backend is None or not hasattr(backend, "to_str") or _overrides(type(hf)):
         return None
     try:
         state = {
@@ -406,6 +407,23 @@ def snapshot(hf: Any) -> tuple[dict[str, Any], str] | None:
         return state, str(backend.to_str())
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+# The methods a LightTokenizer answers for; a class that changes any of them (a model's own
+# tokenizer class with its own encoding or decoding rules) is served by transformers instead.
+_SERVED = ("__call__", "encode", "decode", "batch_decode", "tokenize", "convert_ids_to_tokens", "convert_tokens_to_ids",
+           "apply_chat_template", "get_chat_template", "get_vocab", "__len__", "_encode_plus", "_batch_encode_plus",
+           "_decode", "_convert_token_to_id_with_added_voc", "_convert_id_to_token")
+_BASES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _overrides(cls: type) -> list[str]:
+    """The served methods `cls` defines differently from the Rust-backed base class it derives from
+    (all of them when it derives from none)."""
+    base = next((b for b in cls.__mro__ if b.__name__ in _BASES and b.__module__.startswith("transformers.")), None)
+    if base is None:
+        return list(_SERVED)
+    return [name for name in _SERVED if getattr(cls, name, None) is not getattr(base, name, None)]
 
 
 _PROBE_TEXTS = (
