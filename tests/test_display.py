@@ -365,3 +365,10 @@ def test_engine_card_shows_cheap_attributes_escaped_and_skips_failing_ones():
     assert "&lt;rlgen.Engine &#x27;tiny&lt;1&gt;&#x27;&gt;" in page
     assert "<th>model</th><td>tiny&lt;1&gt;</td>" in page and "<th>url</th>" in page
     assert "log_path" not in page
+
+
+def test_a_long_reward_name_is_shortened_so_its_value_stays_in_view():
+    # In JupyterLab the reward column is ~85 px: "answer_last_number 1" showed as "answer_last".
+    res = make().with_columns({"reward_answer_last_number": [1.0, 0.0]})
+    cell = res._repr_html_().split("<tbody>")[1].split("</tr>")[0]
+    assert 'title="reward_answer_last_number"' in cell and ">answer_…</span> 1<" in cell

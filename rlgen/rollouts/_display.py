@@ -321,14 +321,19 @@ def _sample_cell(row: Any) -> str:
     return "".join(f"<div>{line}</div>" for line in lines)
 
 
+_REWARD_NAME_CHARS = 8  # a reward function's name in the reward column, at most (its value follows)
+
+
 def _reward_cell(row: Any, columns: list[str]) -> str:
     """Each reward function's value, then `reward` and `advantage`, one a line."""
     lines = []
     for c in columns:
         name = {"advantage": "adv"}.get(c, c.removeprefix("reward_") if c != "reward" else c)
+        # A long function name is shortened so its value stays in view (the full name on hover).
+        short = name if len(name) <= _REWARD_NAME_CHARS else name[:_REWARD_NAME_CHARS - 1] + "…"
         weight = "font-weight:bold;" if c == "reward" else ""
         lines.append(f'<div title="{html.escape(c)}" style="{weight}white-space:nowrap;overflow:hidden">'
-                     f'<span style="color:#888">{html.escape(name)}</span> {html.escape(_fmt(row[c], 12))}</div>')
+                     f'<span style="color:#888">{html.escape(short)}</span> {html.escape(_fmt(row[c], 12))}</div>')
     return "".join(lines)
 
 

@@ -1,0 +1,154 @@
+"""Screenshots of rlgen's views in real JupyterLab, trusted (run live) and untrusted (opened after nbconvert ran it).
+
+Starts JupyterLab (the .venv's, `bash scripts/lab.sh` installs it) on a scratch folder holding a
+notebook that generates on the default model with per-prompt data (a `question` that repeats the
+prompt, a long nested `metadata`, an `answer`), scores it with a reward that fails on some rows,
+and shows the result, `reward_summary()` and `browse()`. Drives Debian's Chromium through
+playwright (a separate environment: `python3 -m venv /tmp/pw && /tmp/pw/bin/pip install playwright`)
+at 1,400 x 900, and writes PNGs of each output plus the measured widths (JSON):
+
+    /tmp/pw/bin/python scripts/lab_screenshots.py --out docs/images
+
+1. trusted: the notebook is opened in JupyterLab and run there (Run > Run All Cells);
+2. untrusted: the same notebook executed by nbconvert first, then opened (JupyterLab does not
+   trust outputs it did not produce, and strips <style> blocks from them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+CELLS = [
+    "import rlgen\nfrom rlgen import rewards\nimport pandas as pd",
+    "eng = rlgen.Engine(progress=False)\ntask = rewards.tutorial_task()\n"
+    "data = pd.DataFrame({'question': [p[-1]['content'] for p in task.prompts],\n"
+    "                     'metadata': [{'source': 'tutorial', 'difficulty': {'level': i % 3, 'notes': 'x' * 120},"
+    " 'tags': ['math', 'addition']} for i in range(len(task.prompts))],\n"
+    "                     'answer': task.data['answer']})",
+    "res = eng.generate(task.prompts[:4], n=4, max_new_tokens=48, temperature=1.0, seed=0, data=data[:4])\n"
+    "def fragile(completion, answer):\n    if '7' in completion:\n        raise ValueError('no sevens please')\n"
+    "    return float(answer in completion)\n"
+    "res = res.add_rewards([rewards.answer_match(extract='last_number'), fragile], mode='thread', progress=False)\nres",
+    "res.reward_summary()",
+    "res.browse()",
+]
+
+
+def notebook() -> dict:
+    return {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+                       "source": src} for i, src in enumerate(CELLS)],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+MEASURE = """() => {
+  const out = {};
+  const nb = [...document.querySelectorAll('.jp-Notebook')].find(n => n.checkVisibility());
+  const tables = [...nb.querySelectorAll('.jp-OutputArea-output table')];
+  out.tables = tables.map(t => {
+    const area = t.closest('.jp-OutputArea-output').getBoundingClientRect();
+    const r = t.getBoundingClientRect();
+    const heads = [...t.querySelectorAll('th')].map(th => [th.textContent.trim(), th.getBoundingClientRect().width]);
+    return {area_width: area.width, table_width: r.width, right: r.right, heads: heads.slice(0, 12)};
+  });
+  return out;
+}"""
+
+
+def shoot(page, out: Path, name: str) -> dict:
+    try:  # JupyterLab's question about news covers the bottom right corner
+        page.get_by_role("button", name="No", exact=True).click(timeout=2000)
+    except Exception:  # noqa: BLE001 - not asked this time
+        pass
+    page.screenshot(path=str(out / f"{name}-page.png"), full_page=False)  # the window, as a user sees it
+    # Each output whole: a window tall enough that JupyterLab draws every cell without scrolling.
+    page.set_viewport_size({"width": 1400, "height": 4000})
+    time.sleep(2)
+    outputs = page.locator(".jp-Notebook:visible .jp-OutputArea-output")
+    count = outputs.count()
+    shots = []
+    for i in range(count):
+        el = outputs.nth(i)
+        path = out / f"{name}-output{i}.png"
+        el.scroll_into_view_if_needed()
+        el.screenshot(path=str(path))
+        shots.append(path.name)
+    measured = page.evaluate(MEASURE)
+    page.set_viewport_size({"width": 1400, "height": 900})
+    return {"outputs": shots, "measure": measured}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    from playwright.sync_api import sync_playwright
+
+    work = Path(tempfile.mkdtemp(prefix="rlgen-lab-"))
+    (work / "live.ipynb").write_text(json.dumps(notebook()))
+    (work / "executed.ipynb").write_text(json.dumps(notebook()))
+    subprocess.run([str(VENV_PY), "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
+                    "--ExecutePreprocessor.timeout=600", str(work / "executed.ipynb")], check=True)
+    port, token = free_port(), "rlgen-shots"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(work / "cfg"), "JUPYTER_DATA_DIR": str(work / "data")}
+    lab = subprocess.Popen([str(VENV_PY), "-m", "jupyterlab", "--no-browser", f"--port={port}",
+                            f"--ServerApp.token={token}", f"--notebook-dir={work}", "--ServerApp.ip=127.0.0.1", "--allow-root"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    results = {}
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api?token={token}", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            # Untrusted: outputs made by nbconvert, opened as they are.
+            page.goto(f"http://127.0.0.1:{port}/lab/tree/executed.ipynb?token={token}")
+            page.wait_for_selector(".jp-OutputArea-output", timeout=120_000)
+            time.sleep(3)
+            results["untrusted"] = shoot(page, args.out, "lab-untrusted")
+            # Trusted: run live in JupyterLab.
+            page.goto(f"http://127.0.0.1:{port}/lab/tree/live.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook", timeout=120_000)
+            time.sleep(3)
+            page.locator(".jp-Notebook:visible .jp-Cell").first.click()
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_text("Run All Cells", exact=True).click()
+            visible = "[...document.querySelectorAll('.jp-Notebook')].find(n => n.checkVisibility())"
+            page.wait_for_function(f"{visible}.querySelectorAll('.jp-OutputArea-output').length >= 3", timeout=300_000)
+            page.wait_for_function(f"[...{visible}.querySelectorAll('.jp-InputArea-prompt')]"
+                                   ".every(p => !p.textContent.includes('*'))", timeout=300_000)
+            time.sleep(3)
+            results["trusted"] = shoot(page, args.out, "lab-trusted")
+            browser.close()
+    finally:
+        os.killpg(lab.pid, 15)
+    (args.out / "lab-screenshots.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1)[:4000])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
