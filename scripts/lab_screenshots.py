@@ -76,7 +76,7 @@ MEASURE = """() => {
 def shoot(page, out: Path, name: str) -> dict:
     try:  # JupyterLab's question about news covers the bottom right corner
         page.get_by_role("button", name="No", exact=True).click(timeout=2000)
-    except Exception:  # noqa: BLE001 - not asked this time
+    except Exception:  # not asked this time
         pass
     page.screenshot(path=str(out / f"{name}-page.png"), full_page=False)  # the window, as a user sees it
     # Each output whole: a window tall enough that JupyterLab draws every cell without scrolling.
