@@ -51,6 +51,7 @@ from rlgen.cpu_server._response import (
     value_error,
 )
 from rlgen.cpu_server._runner import Runner
+from rlgen.cpu_server._tool_parsers import ToolParserError, parse_function_call
 
 __all__ = ["SGLANG_API_VERSION", "BackendState", "build_app"]
 
@@ -159,6 +160,7 @@ def build_app(state: BackendState, *, api_key: str | None = None) -> web.Applica
     app.router.add_post("/abort_request", routes.abort_request)
     app.router.add_post("/update_weights_from_disk", routes.update_weights_from_disk)
     app.router.add_post("/update_weight_version", routes.update_weight_version)
+    app.router.add_post("/parse_function_call", routes.parse_function_call)
     if state.server_args.get("enable_metrics"):
         app.router.add_get("/metrics", routes.metrics)
     return app
@@ -423,6 +425,13 @@ class Routes:
             self.state.runner.abort(None)
         self.state.weight_version = version
         return json_response({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
+
+    async def parse_function_call(self, request: web.Request) -> web.Response:
+        """SGLang's tool-call parsing (`_tool_parsers`: "hermes" only); 400 for a parser it lacks."""
+        try:
+            return json_response(parse_function_call(await _json_body(request)))
+        except (RequestValidationError, ToolParserError) as e:
+            return validation_error(str(e))
 
 
 async def _wait_or_abort(

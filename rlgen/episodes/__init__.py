@@ -3,9 +3,13 @@
 Owns: the token arithmetic of an episode whose history is never re-tokenized (`_template`: the first
 prompt, the delta of new messages cut token-wise after a fixed base's last EOS, the closing EOS of a
 turn that stopped without one) and the comparison of an episode's ids with the trainer's re-render
-of its messages (`_drift`: the first divergence, its cause, a summary over episodes). Knows nothing
-about servers, HTTP, sampling, rewards, the result object or the Engine: it takes a Hugging Face
-tokenizer with a chat template, messages and ids, and returns ids, records and DataFrames.
+of its messages (`_drift`: the first divergence, its cause, a summary over episodes); tools
+(`_tools`: plain functions with a function-calling schema from their signature and docstring, called
+contained with a per-call status, through rlgen.rewards' thread runner) and reading a model's turn
+into tool calls (`_tool_calls`: the built-in "hermes" parser, SGLang's `/parse_function_call`, or a
+parser you pass). Knows nothing about launching servers, sampling, the result object or the Engine:
+it takes a Hugging Face tokenizer with a chat template, messages, ids, functions and a client to
+post to, and returns ids, records, DataFrames, tool results and parsed turns.
 
 Usage::
 
@@ -21,14 +25,29 @@ from __future__ import annotations
 
 from ._drift import CAUSES, Drift, drift, drift_summary
 from ._template import TemplateError, closing_ids, first_prompt_ids, message_delta_ids
+from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, parse_hermes, parse_tool_calls, parse_with_server
+from ._tools import Tool, ToolResult, ToolStatus, acall_tool, call_tool, tool_schema, tools_from
 
 __all__ = [
     "CAUSES",
     "Drift",
+    "ParsedTurn",
     "TemplateError",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolResult",
+    "ToolStatus",
+    "acall_tool",
+    "call_tool",
     "closing_ids",
     "drift",
     "drift_summary",
     "first_prompt_ids",
     "message_delta_ids",
+    "parse_hermes",
+    "parse_tool_calls",
+    "parse_with_server",
+    "tool_schema",
+    "tools_from",
 ]
