@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgen.client import _light_tokenizer, _tokenizer
+from rlgen.client import _tokenizer, _tokenizer_snapshot
 from rlgen.client._light_tokenizer import LightTokenizer
 from rlgen.client._tokenizer import load_tokenizer, record_of
 
@@ -205,18 +205,27 @@ def test_tool_calling_templates_render_the_same_tools_calls_and_results_as_autot
     assert light._hf is None
 
 
-def test_the_sandbox_is_transformers_own(records, model_path, tmp_path):
+def test_the_sandbox_and_its_additions_are_the_ones_the_installed_transformers_has(records, model_path, tmp_path):
     path = tokenizer_copy(model_path, tmp_path / "sandbox",
-                          "{% set ns = namespace(_secret=1) %}{{ messages[0].content.__class__ }}")
+                          "{% set ns = namespace(_secret=1) %}{{ messages[0].content }}")
     hf, light = light_pair(path)
-    for tokenizer in (hf, light):  # an underscore attribute on a namespace is refused by both
-        with pytest.raises(Exception, match="underscore"):
-            tokenizer.apply_chat_template(CHATS[0], tokenize=False)
-        with pytest.raises(Exception, match="unsafe"):  # and so is a dunder attribute
-            tokenizer.apply_chat_template(CHATS[0], chat_template="{{ messages.__class__.__mro__ }}", tokenize=False)
-    probe = "{{ dict(a=1) }}{{ {'k': 'ü 日本'} | tojson }}{{ messages | tojson(indent=2) }}{{ bos_token }}{{ eos_token }}"
-    assert light.apply_chat_template(CHATS[1], chat_template=probe, tokenize=False) == \
-        hf.apply_chat_template(CHATS[1], chat_template=probe, tokenize=False)
+
+    def outcome(tokenizer, **options):
+        try:
+            return tokenizer.apply_chat_template(CHATS[1], tokenize=False, **options)
+        except Exception as err:
+            return type(err).__name__
+
+    # transformers 5.24 refuses an underscore name on a namespace (SecurityError); 5.17 rendered it:
+    # the light one does what the transformers that made its snapshot does.
+    assert outcome(light) == outcome(hf)
+    for probe in ("{{ messages.__class__.__mro__ }}",
+                  "{{ dict(a=1) }}{{ {'k': 'ü 日本', 'n': none} | tojson }}{{ messages | tojson(indent=2) }}{{ bos_token }}",
+                  "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}"
+                  "{% generation %}x{% endgeneration %}",
+                  "{{ raise_exception('no') }}", "{{ strftime_now('%Y') | length }}"):
+        assert outcome(light, chat_template=probe) == outcome(hf, chat_template=probe), probe
+    assert outcome(hf, chat_template="{{ messages.__class__.__mro__ }}") == "SecurityError"
 
 
 def test_what_the_light_path_does_not_handle_goes_to_transformers_with_the_same_answer(records, model_path, tmp_path):
@@ -288,14 +297,14 @@ def test_a_changed_file_other_versions_or_a_failed_probe_go_back_through_transfo
 
 
 def test_a_probe_that_answers_differently_is_found(model_path, tok):
-    frozen = _light_tokenizer.snapshot(tok)
+    frozen = _tokenizer_snapshot.snapshot(tok)
     assert frozen is not None
     state, backend = frozen
-    assert _light_tokenizer.differs(tok, LightTokenizer(state, backend, hf=tok)) is None
+    assert _tokenizer_snapshot.differs(tok, LightTokenizer(state, backend, hf=tok)) is None
     other = dict(state, chat_template=state["chat_template"].replace("helpful", "unhelpful"))
-    assert _light_tokenizer.differs(tok, LightTokenizer(other, backend, hf=tok)).startswith("chat")
+    assert _tokenizer_snapshot.differs(tok, LightTokenizer(other, backend, hf=tok)).startswith("chat")
     other = dict(state, special=dict(state["special"], pad="<|endoftext|>"))
-    assert _light_tokenizer.differs(tok, LightTokenizer(other, backend, hf=tok)) == "special ids"
+    assert _tokenizer_snapshot.differs(tok, LightTokenizer(other, backend, hf=tok)) == "special ids"
 
 
 def test_a_class_with_its_own_encoding_or_decoding_rules_is_left_to_transformers(tok):
@@ -303,6 +312,24 @@ def test_a_class_with_its_own_encoding_or_decoding_rules_is_left_to_transformers
         def decode(self, *args, **kwargs):
             return "its own"
 
-    assert _light_tokenizer._overrides(type(tok)) == []
-    assert _light_tokenizer._overrides(OwnDecode) == ["decode"]
-    assert _light_tokenizer._overrides(object) == list(_light_tokenizer._SERVED)  # no Rust-backed base at all
+    assert _tokenizer_snapshot._overrides(type(tok)) == []
+    assert _tokenizer_snapshot._overrides(OwnDecode) == ["decode"]
+    assert _tokenizer_snapshot._overrides(object) == list(_tokenizer_snapshot._SERVED)  # no Rust-backed base at all
+
+
+def test_a_chat_template_environment_with_parts_it_cannot_rebuild_is_left_to_transformers(tok, monkeypatch):
+    import jinja2.sandbox
+    from transformers.utils import chat_template_utils
+
+    assert _tokenizer_snapshot._jinja_profile() is not None
+
+    def compile_with_a_mystery_global(template):
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, **{"ensure_ascii": False, **kw})
+        env.globals["mystery"] = lambda: "?"
+        return env.from_string(template)
+
+    monkeypatch.setattr(chat_template_utils, "_compile_jinja_template", compile_with_a_mystery_global)
+    assert _tokenizer_snapshot._jinja_profile() is None
+    with pytest.raises(ValueError, match="chat-template environment"):
+        _tokenizer_snapshot.snapshot(tok)

@@ -2,10 +2,9 @@
 
 Owns: `LightTokenizer` (encode, decode, the chat template and the special tokens of a tokenizer that
 transformers loaded once, from its Rust backend's JSON and a few attributes, with `tokenizers` and
-jinja2 alone), `snapshot(hf)` (that state, taken from a loaded transformers tokenizer), `differs(hf,
-light)` (the probes both must answer alike before a snapshot is trusted), and the Jinja environment
-chat templates render in (transformers' own settings). Knows nothing about where snapshots are
-stored, servers, prompts' forms or results.
+jinja2 alone) and the Jinja environment its chat templates render in (rebuilt as the snapshot's
+transformers had it). Knows nothing about how a snapshot is taken or vouched for
+(`_tokenizer_snapshot`), where it is stored, servers, prompts' forms or results.
 
 A `LightTokenizer` answers what rlgen and most code ask of a tokenizer (`tok(texts)`, `encode`,
 `decode`, `batch_decode`, `tokenize`, `convert_*`, `apply_chat_template` on plain JSON messages,
@@ -25,9 +24,9 @@ import threading
 from datetime import datetime
 from typing import Any
 
-__all__ = ["LightTokenizer", "differs", "snapshot"]
+__all__ = ["SPECIAL_NAMES", "LightEncoding", "LightTokenizer"]
 
-_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 # Options of transformers' apply_chat_template that the light path leaves to transformers.
 _HF_CHAT_OPTIONS = frozenset({"padding", "truncation", "max_length", "return_tensors", "return_assistant_tokens_mask",
                               "tokenizer_kwargs", "sanitize_control_tokens", "return_dict"})
@@ -249,7 +248,7 @@ class LightTokenizer:
                 conversation, tools=tools, documents=documents, chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 tokenize=tokenize, **kwargs)
-        compiled = _compile(template)
+        compiled = _compile(template, tuple(tuple(pair) for pair in self._state["jinja"]))
         names = {**self._state["special_tokens_map"], **variables}
         rendered = [compiled.render(messages=[dict(m) for m in chat], tools=tools, documents=None,
                                     add_generation_prompt=add_generation_prompt, **names) for chat in chats]
@@ -316,15 +315,18 @@ def _plain_message(message: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def _compile(template: str) -> Any:
-    """`template` compiled in transformers' chat-template environment (its sandbox, trim_blocks,
-    lstrip_blocks, loop controls, `{% generation %}` blocks, and its tojson, raise_exception,
-    strftime_now, dict and namespace)."""
+def _compile(template: str, profile: tuple[tuple[str, Any], ...]) -> Any:
+    """`template` compiled in the chat-template environment of the transformers that made the
+    snapshot, as `profile` (`_jinja_profile`) describes it: its sandbox, trim_blocks, lstrip_blocks,
+    and whichever of its additions it had (loop controls, `{% generation %}` blocks, tojson,
+    raise_exception, strftime_now, a restricted dict, a namespace refusing underscore names)."""
     import jinja2
     import jinja2.ext
     import jinja2.nodes
     import jinja2.utils
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    has = dict(profile)
 
     class Generation(jinja2.ext.Extension):  # `{% generation %}...{% endgeneration %}` renders its body
         tags = {"generation"}  # noqa: RUF012  (jinja2 declares it a set)
@@ -371,131 +373,16 @@ def _compile(template: str) -> Any:
                 raise jinja2.exceptions.SecurityError(
                     f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}.")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    extensions: list[Any] = [Generation] if has["generation"] else []
+    extensions += [jinja2.ext.loopcontrols] if has["loopcontrols"] else []
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=extensions)
     env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(),
-                       namespace=TemplateNamespace)
+    if has["raise_exception"]:
+        env.globals["raise_exception"] = raise_exception
+    if has["strftime_now"]:
+        env.globals["strftime_now"] = strftime_now
+    if has["dict"] == "restricted":
+        env.globals["dict"] = TemplateDict()
+    if has["namespace"] == "checked":
+        env.globals["namespace"] = TemplateNamespace
     return env.from_string(template)
-
-
-# -- snapshot and the probes that vouch for it ---------------------------------------------------------
-def snapshot(hf: Any) -> tuple[dict[str, Any], str] | None:
-    """The state of transformers tokenizer `hf` a `LightTokenizer` serves (JSON-able), and its Rust
-    backend as JSON; None if it has no Rust backend, its class encodes or decodes by rules of its own
-    (`_overrides`), or its state is not plain JSON."""
-    backend = getattr(hf, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "to_str") or _overrides(type(hf)):
-        return None
-    try:
-        state = {
-            "class": [type(hf).__module__, type(hf).__name__],
-            "name_or_path": str(hf.name_or_path),
-            "model_max_length": int(hf.model_max_length),
-            "padding_side": hf.padding_side,
-            "truncation_side": hf.truncation_side,
-            "model_input_names": list(hf.model_input_names),
-            "clean_up_tokenization_spaces": bool(hf.clean_up_tokenization_spaces),
-            "split_special_tokens": bool(getattr(hf, "split_special_tokens", False)),
-            "chat_template": hf.chat_template,
-            "special": {name: getattr(hf, f"{name}_token") for name in _SPECIAL},
-            "special_tokens_map": hf.special_tokens_map,
-            "all_special_tokens": list(hf.all_special_tokens),
-            "all_special_ids": [int(i) for i in hf.all_special_ids],
-        }
-        state = json.loads(json.dumps(state))  # plain JSON, or TypeError
-        return state, str(backend.to_str())
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
-# The methods a LightTokenizer answers for; a class that changes any of them (a model's own
-# tokenizer class with its own encoding or decoding rules) is served by transformers instead.
-_SERVED = ("__call__", "encode", "decode", "batch_decode", "tokenize", "convert_ids_to_tokens", "convert_tokens_to_ids",
-           "apply_chat_template", "get_chat_template", "get_vocab", "__len__", "_encode_plus", "_batch_encode_plus",
-           "_decode", "_convert_token_to_id_with_added_voc", "_convert_id_to_token")
-_BASES = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
-def _overrides(cls: type) -> list[str]:
-    """The served methods `cls` defines differently from the Rust-backed base class it derives from
-    (all of them when it derives from none)."""
-    base = next((b for b in cls.__mro__ if b.__name__ in _BASES and b.__module__.startswith("transformers.")), None)
-    if base is None:
-        return list(_SERVED)
-    return [name for name in _SERVED if getattr(cls, name, None) is not getattr(base, name, None)]
-
-
-_PROBE_TEXTS = (
-    "Hello world", " leading space", "trailing space ", "\n\n", "a\n\nb\n", "\t tabs\tand  spaces  ",
-    "The capital of France\n\nis Paris. Le café 日本 🙂!", "👩‍👩‍👧 ZWJ, ñ, ü, Ω, العربية, हिन्दी, 한국어",
-    "x = [1, 2, 3]  # code\n    return f'{x!r}'", "12345678901234567890 3.14159 1e-9", "",
-)
-_PROBE_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
-                   "required": ["city"]}}}
-
-
-def _probe_chats(light: LightTokenizer) -> list[list[dict[str, Any]]]:
-    special = "".join(light.all_special_tokens)
-    return [
-        [{"role": "user", "content": "What is 2+2?"}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 日本 🙂\n\nthere"}],
-        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
-        [{"role": "user", "content": f"special tokens as text: {special}"}],
-    ]
-
-
-def _outcome(fn: Any, tok: Any) -> Any:
-    try:
-        return ("ok", fn(tok))
-    except Exception:  # both failing alike is agreement: the same template raises the same way
-        return ("error",)
-
-
-def differs(hf: Any, light: LightTokenizer) -> str | None:
-    """The first probe on which `light` answers unlike transformers tokenizer `hf`, or None: texts
-    (with and without special tokens, alone and batched, every special token among them), decoding
-    (with and without special tokens), vocabulary and special tokens, and the chat template (probe
-    chats, with and without the generation prompt, text and ids, with a tool where the template reads
-    `tools`)."""
-    texts = [*_PROBE_TEXTS, "".join(light.all_special_tokens) + " mid" + "".join(light.all_special_tokens)]
-    checks: list[tuple[str, Any]] = [
-        ("len", lambda t: len(t)),
-        ("vocab", lambda t: t.get_vocab()),
-        ("special ids", lambda t: [getattr(t, f"{n}_token_id") for n in _SPECIAL]),
-        ("special tokens", lambda t: [getattr(t, f"{n}_token") for n in _SPECIAL]),
-        ("special map", lambda t: (t.special_tokens_map, t.all_special_tokens, t.all_special_ids)),
-    ]
-    for special in (True, False):
-        checks.append((f"batch add_special_tokens={special}",
-                       lambda t, s=special: {k: list(v) for k, v in t(texts, add_special_tokens=s).items()}))
-        for text in texts:
-            checks.append((f"text {text!r} add_special_tokens={special}",
-                           lambda t, x=text, s=special: dict(t(x, add_special_tokens=s))))
-            checks.append((f"tokenize {text!r}", lambda t, x=text: t.tokenize(x)))
-    ids = hf(texts, add_special_tokens=True)["input_ids"]
-    for row in ids:
-        for skip in (False, True):
-            checks.append((f"decode {row[:8]}... skip_special_tokens={skip}",
-                           lambda t, r=row, s=skip: t.decode(r, skip_special_tokens=s, clean_up_tokenization_spaces=False)))
-        checks.append((f"tokens of {row[:8]}...", lambda t, r=row: t.convert_ids_to_tokens(r)))
-    template = light._state["chat_template"]
-    templates = "".join(template.values()) if isinstance(template, dict) else (template or "")
-    tool_sets: list[Any] = [None, [_PROBE_TOOL]] if "tools" in templates else [None]
-    for chat in _probe_chats(light):
-        for gen in (True, False):
-            for tools in tool_sets:
-                checks.append((f"chat {chat} add_generation_prompt={gen} tools={tools is not None}",
-                               lambda t, c=chat, g=gen, tl=tools: t.apply_chat_template(
-                                   c, tools=tl, add_generation_prompt=g, tokenize=False)))
-                checks.append((f"chat ids {chat} add_generation_prompt={gen} tools={tools is not None}",
-                               lambda t, c=chat, g=gen, tl=tools: list(t.apply_chat_template(
-                                   c, tools=tl, add_generation_prompt=g, tokenize=True, return_dict=False))))
-    checks.append(("chat batch", lambda t: t.apply_chat_template(_probe_chats(light), add_generation_prompt=True,
-                                                                  tokenize=False)))
-    for name, fn in checks:
-        if _outcome(fn, hf) != _outcome(fn, light):
-            return name
-    return None

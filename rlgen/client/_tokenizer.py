@@ -14,10 +14,10 @@ machine. Even the class it returns is not enough to avoid them: `import transfor
 How, per local checkout (a directory):
 
 1. The first load goes through `AutoTokenizer.from_pretrained`, as before. Its class is recorded,
-   and its state is frozen (`_light_tokenizer.snapshot`: the Rust backend's JSON as transformers
+   and its state is frozen (`_tokenizer_snapshot.snapshot`: the Rust backend's JSON as transformers
    left it, after its added tokens and post-processor updates, plus special tokens, chat template
    and limits). The `LightTokenizer` built from that state must answer every probe exactly as the
-   transformers tokenizer does (`_light_tokenizer.differs`: ids, decoding, vocabulary, special tokens,
+   transformers tokenizer does (`_tokenizer_snapshot.differs`: ids, decoding, vocabulary, special tokens,
    chat templates); then the state is recorded too, and the light one is returned (with the
    transformers one behind it, `.hf`).
 2. A later load of the same files, under the same transformers and tokenizers (the key: every
@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core._paths import cache_dir
-from ._light_tokenizer import LightTokenizer, differs, snapshot
+from ._light_tokenizer import LightTokenizer
+from ._tokenizer_snapshot import differs, snapshot
 
 __all__ = ["load_tokenizer", "record_of", "records_dir"]
 
@@ -76,8 +77,8 @@ def load_tokenizer(source: str | os.PathLike[str], *, local_files_only: bool = F
     if record is not None and key is not None:
         try:
             if record.get("light"):
-                state = dict(record["state"], name_or_path=str(source))
-                return LightTokenizer(state, (records_dir() / f"{key}.backend.json").read_text())
+                recorded = dict(record["state"], name_or_path=str(source))
+                return LightTokenizer(recorded, (records_dir() / f"{key}.backend.json").read_text())
             return _class(record).from_pretrained(str(source), **kwargs)
         except Exception:  # a record that no longer fits: AutoTokenizer decides again below
             pass
@@ -86,13 +87,21 @@ def load_tokenizer(source: str | os.PathLike[str], *, local_files_only: bool = F
     hf = AutoTokenizer.from_pretrained(str(source), **kwargs)
     if key is None or not type(hf).__module__.startswith("transformers."):
         return hf
-    frozen = snapshot(hf)
-    light = LightTokenizer(*frozen, hf=hf) if frozen is not None else None
-    why_not = "no Rust backend, or special tokens that are not plain text" if light is None else differs(hf, light)
-    _write(key, {"module": type(hf).__module__, "class": type(hf).__name__, "light": why_not is None,
-                 "state": frozen[0] if frozen is not None and why_not is None else None, "why_not_light": why_not},
-           backend=frozen[1] if frozen is not None and why_not is None else None)
-    return light if light is not None and why_not is None else hf
+    light: LightTokenizer | None = None
+    state: dict[str, Any] | None = None
+    backend: str | None = None
+    try:
+        state, backend = snapshot(hf)
+        light = LightTokenizer(state, backend, hf=hf)
+        why_not = differs(hf, light)
+    except ValueError as err:
+        why_not = f"no snapshot: {err}"
+    except Exception as err:  # whatever breaks the light one, the transformers tokenizer is loaded: use it
+        why_not = f"no light tokenizer: {type(err).__name__}: {err}"
+    ok = light is not None and why_not is None
+    _write(key, {"module": type(hf).__module__, "class": type(hf).__name__, "light": ok,
+                 "state": state if ok else None, "why_not_light": why_not}, backend=backend if ok else None)
+    return light if ok else hf
 
 
 def record_of(source: str | os.PathLike[str]) -> dict[str, Any] | None:
