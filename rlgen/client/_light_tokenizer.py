@@ -30,6 +30,9 @@ SPECIAL_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 # Options of transformers' apply_chat_template that the light path leaves to transformers.
 _HF_CHAT_OPTIONS = frozenset({"padding", "truncation", "max_length", "return_tensors", "return_assistant_tokens_mask",
                               "tokenizer_kwargs", "sanitize_control_tokens", "return_dict"})
+_STATE_KEYS = frozenset({"class", "name_or_path", "model_max_length", "padding_side", "truncation_side",
+                         "model_input_names", "clean_up_tokenization_spaces", "split_special_tokens", "chat_template",
+                         "special", "special_tokens_map", "all_special_tokens", "all_special_ids", "jinja"})
 # Message keys whose handling changed between transformers versions (aliased into each other).
 _REASONING = frozenset({"reasoning_content", "thinking", "reasoning"})
 
@@ -50,6 +53,9 @@ class LightTokenizer:
     def __init__(self, state: dict[str, Any], backend: Any, *, hf: Any = None) -> None:
         from tokenizers import Tokenizer
 
+        missing = _STATE_KEYS - state.keys()
+        if missing:
+            raise ValueError(f"a LightTokenizer state lacks {sorted(missing)}")
         tok = Tokenizer.from_str(backend) if isinstance(backend, str) else backend
         # What transformers' own calls do before they encode: no truncation or padding unless
         # asked (rlgen never asks), special tokens split or not as the tokenizer says.

@@ -52,7 +52,7 @@ from ._tokenizer_snapshot import differs, snapshot
 
 __all__ = ["load_tokenizer", "record_of", "records_dir"]
 
-_RECORD_VERSION = 1
+_RECORD_VERSION = 2  # a new version ignores older records (their states may lack what LightTokenizer reads)
 # Files of a checkout that never change its tokenizer: left out of the key, so that weights
 # written into the checkout (a weight update saved in place) keep the tokenizer's record.
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx", ".index.json")
