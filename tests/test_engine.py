@@ -108,7 +108,7 @@ def test_close_is_idempotent_and_a_closed_engine_says_to_create_a_new_one(model_
 def test_the_tokenizer_loads_while_the_server_starts_and_its_failure_stops_the_server(
     model_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rlgen.engine._engine as engine_module
+    import rlgen.engine._startup as startup_module
 
     loading: dict[str, float] = {}
 
@@ -116,7 +116,7 @@ def test_the_tokenizer_loads_while_the_server_starts_and_its_failure_stops_the_s
         loading["started"] = time.monotonic()
         raise rlgen.EngineError("cannot load the tokenizer (test)")
 
-    monkeypatch.setattr(engine_module, "_load_tokenizer", failing_load)
+    monkeypatch.setattr(startup_module, "load_tokenizer", failing_load)
     t0 = time.monotonic()
     with pytest.raises(rlgen.EngineError, match="tokenizer"):
         cpu_engine(model_path)
@@ -545,13 +545,13 @@ def test_check_logprobs_says_rollouts_sampled_at_another_temperature_are_not_com
 def test_greedy_rollouts_are_comparable_and_identical_samples_are_scored_once(engine, monkeypatch) -> None:
     rollouts = engine.generate(CAPITAL, n=4, max_new_tokens=8, temperature=0.0)
     sent: list[int] = []
-    real = rlgen.engine._engine.run_generate
+    real = rlgen.engine._scoring.run_generate
 
     async def counting(client, job, **kwargs):
         sent.append(len(job.prompt_ids))
         return await real(client, job, **kwargs)
 
-    monkeypatch.setattr(rlgen.engine._engine, "run_generate", counting)
+    monkeypatch.setattr(rlgen.engine._scoring, "run_generate", counting)
     assert engine.check_logprobs(rollouts).passed is True
     assert sent == [len(set(map(tuple, rollouts.id_lists("response"))))] == [1]
 
