@@ -30,6 +30,7 @@ from ..server._models import resolve_model
 from ..server._weights import WeightsHash
 from ._base import EngineState
 from ._control import ControlMixin
+from ._episodes import EpisodesMixin
 from ._generation import GenerationMixin
 from ._scoring import ScoringMixin
 from ._startup import (
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "EngineState"]
 
-class Engine(GenerationMixin, ScoringMixin, ControlMixin):
+class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, ControlMixin):
     """An SGLang server owned by this notebook (or attached to), with a synchronous generate().
 
     Usage::

@@ -24,6 +24,9 @@ Usage::
 from __future__ import annotations
 
 from ._drift import CAUSES, Drift, drift, drift_summary
+from ._env import Environment, EnvReply, EpisodeEnv, ToolEnv, as_environment, tool_env
+from ._result import EpisodeRecord, EpisodesResult, episodes_frame, turns_frame
+from ._runner import run_episodes
 from ._template import TemplateError, closing_ids, first_prompt_ids, message_delta_ids
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, parse_hermes, parse_tool_calls, parse_with_server
 from ._tools import Tool, ToolResult, ToolStatus, acall_tool, call_tool, tool_schema, tools_from
@@ -31,23 +34,34 @@ from ._tools import Tool, ToolResult, ToolStatus, acall_tool, call_tool, tool_sc
 __all__ = [
     "CAUSES",
     "Drift",
+    "EnvReply",
+    "Environment",
+    "EpisodeEnv",
+    "EpisodeRecord",
+    "EpisodesResult",
     "ParsedTurn",
     "TemplateError",
     "Tool",
     "ToolCall",
     "ToolCallParser",
+    "ToolEnv",
     "ToolResult",
     "ToolStatus",
     "acall_tool",
+    "as_environment",
     "call_tool",
     "closing_ids",
     "drift",
     "drift_summary",
+    "episodes_frame",
     "first_prompt_ids",
     "message_delta_ids",
     "parse_hermes",
     "parse_tool_calls",
     "parse_with_server",
+    "run_episodes",
+    "tool_env",
     "tool_schema",
     "tools_from",
+    "turns_frame",
 ]

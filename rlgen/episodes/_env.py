@@ -1,0 +1,328 @@
+"""Environments of multi-turn episodes: what a user writes, normalised, called contained, validated.
+
+Owns: turning what the user passes as `env=` into one object the episode runner drives
+(`as_environment`), and the contained call of each of its steps with a per-episode status:
+
+- a function `env(messages, data)` (or `env(messages)`), sync or `async def`, returning the next
+  message(s): a str (one user message), a message dict (`{"role": "user" | "tool" | "system",
+  "content": str, ...}`), a list of them, or None / "done" to end the episode;
+- a class with `reset(data) -> None | messages` and `step(messages) -> same as the function`: one
+  instance per episode, made with no arguments; or a factory (a callable taking no arguments)
+  returning such an instance. The messages `reset` returns are appended to the prompt's chat before
+  the first turn;
+- `tool_env(tools, parser="hermes")`: the built-in tool environment. When the assistant's last turn
+  has tool calls it runs them (`acall_tool`) and answers with one tool message per call
+  (`{"role": "tool", "name": ..., "content": result text}`); a turn without a tool call ends the
+  episode ("done"); a malformed call ends it with "bad_tool_call"; a failing tool ends it with the
+  tool's status ("tool_error", "tool_timeout", "bad_arguments", "not_serialisable"), or, with
+  `on_tool_error="reply"`, answers the model with the error text and goes on.
+
+Every step is an `EnvReply`: the new messages, whether the episode is done, and a failure status
+that ends the episode (the others go on): "env_error" (the environment raised; `traceback` kept),
+"env_timeout" (a step outlived `timeout`; a sync step's thread cannot be stopped and is left to
+finish on its own, an `async def` step is cancelled), "bad_env_return" (it returned something other
+than the above: the error says what came back and what is expected).
+
+Knows nothing about servers, HTTP, token ids, chat templates, sampling, rollouts or the Engine: it
+takes messages and data and returns messages and statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback as tb
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._tool_calls import ToolCallParser, parse_tool_calls
+from ._tools import Tool, acall_tool, tools_from
+
+__all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "tool_env"]
+
+ENV_ROLES = ("user", "tool", "system")
+_EXPECTED = ('a str (one user message), a message dict {"role": "user" | "tool" | "system", "content": str}, '
+             'a list of such dicts, or None / "done" to end the episode')
+
+
+@dataclass
+class EnvReply:
+    """What one environment step gave.
+
+    Attributes:
+        messages: the new messages (validated dicts), empty when the episode ends.
+        done: the environment ended the episode (None or "done", or no tool call for `tool_env`).
+        status: None, or the failure status that ends the episode: "env_error", "env_timeout",
+            "bad_env_return", "bad_tool_call", or a tool's status.
+        error: what went wrong ("ExcType: message" or a sentence), else None.
+        traceback: the traceback text of an exception, else None.
+        seconds: the step's wall time.
+        tool_calls / tool_calls_failed: the calls `tool_env` ran in this step, and those not "ok".
+        calls: per call `{"name", "arguments", "status", "error"}` (tool_env only).
+    """
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+    status: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    seconds: float = 0.0
+    tool_calls: int = 0
+    tool_calls_failed: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ends(self) -> bool:
+        return self.done or self.status is not None
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:120] + '...' if len(text) > 120 else text}"
+
+
+def normalise_return(value: Any, *, what: str = "the environment") -> EnvReply:
+    """An environment's return value as an `EnvReply` (a "bad_env_return" one when it is not one of
+    the accepted forms, saying what came back and what is expected)."""
+    if value is None or (isinstance(value, str) and value == "done"):
+        return EnvReply(done=True)
+    if isinstance(value, str):
+        return EnvReply([{"role": "user", "content": value}])
+    items = [value] if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
+    if items is None:
+        return EnvReply(status="bad_env_return", error=f"{what} returned {_describe(value)}; expected {_EXPECTED}")
+    if not items:
+        return EnvReply(status="bad_env_return",
+                        error=f"{what} returned an empty list; expected {_EXPECTED} (return \"done\" to end)")
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"{what} returned, at item {i}," if len(items) > 1 or not isinstance(value, Mapping) else f"{what} returned"
+        if not isinstance(item, Mapping):
+            return EnvReply(status="bad_env_return", error=f"{where} {_describe(item)}; expected {_EXPECTED}")
+        role, content = item.get("role"), item.get("content")
+        if role not in ENV_ROLES:
+            return EnvReply(status="bad_env_return",
+                            error=f"{where} a message with role {role!r}; an environment's message has role "
+                                  f"'user', 'tool' or 'system' (the model writes the 'assistant' turns)")
+        if not isinstance(content, str):
+            return EnvReply(status="bad_env_return",
+                            error=f"{where} a {role!r} message whose content is {_describe(content)}; "
+                                  "expected a str")
+        messages.append(dict(item))
+    return EnvReply(messages)
+
+
+async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: float | None, what: str) -> EnvReply:
+    """Call `fn(*args)` (sync in a worker thread, `async def` awaited) and normalise what it returns;
+    an exception is "env_error" (with the traceback), outliving `timeout` is "env_timeout"."""
+    t0 = time.perf_counter()
+    try:
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+            pending: Any = fn(*args)
+        else:
+            pending = asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args))
+        value = await asyncio.wait_for(pending, timeout)
+        if inspect.isawaitable(value):  # a plain function that returned a coroutine
+            value = await asyncio.wait_for(value, timeout)
+    except asyncio.TimeoutError:
+        return EnvReply(status="env_timeout", seconds=time.perf_counter() - t0,
+                        error=f"TimeoutError: {what} did not finish within {timeout:g} s (env_timeout=)")
+    except Exception as e:
+        return EnvReply(status="env_error", error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0,
+                        traceback="".join(tb.format_exception(e)))
+    reply = normalise_return(value, what=what)
+    reply.seconds = time.perf_counter() - t0
+    return reply
+
+
+class EpisodeEnv:
+    """One episode's environment: `reset(data)` before the first turn, `step(messages)` after each."""
+
+    async def reset(self, data: Any) -> EnvReply:
+        return EnvReply()
+
+    async def step(self, messages: list[dict[str, Any]]) -> EnvReply:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class _FunctionEpisode(EpisodeEnv):
+    def __init__(self, fn: Callable[..., Any], with_data: bool, timeout: float | None) -> None:
+        self.fn, self.with_data, self.timeout, self.data = fn, with_data, timeout, None
+
+    async def reset(self, data: Any) -> EnvReply:
+        self.data = data
+        return EnvReply()
+
+    async def step(self, messages: list[dict[str, Any]]) -> EnvReply:
+        args = (messages, self.data) if self.with_data else (messages,)
+        return await call_contained(self.fn, args, self.timeout, f"env function {_name(self.fn)}")
+
+
+class _ObjectEpisode(EpisodeEnv):
+    def __init__(self, obj: Any, timeout: float | None) -> None:
+        self.obj, self.timeout = obj, timeout
+
+    async def reset(self, data: Any) -> EnvReply:
+        reset = getattr(self.obj, "reset", None)
+        if reset is None:
+            return EnvReply()
+        reply = await call_contained(reset, (data,), self.timeout, f"{type(self.obj).__name__}.reset")
+        if reply.done and reply.status is None:  # None: nothing to add before the first turn
+            return EnvReply(seconds=reply.seconds)
+        return reply
+
+    async def step(self, messages: list[dict[str, Any]]) -> EnvReply:
+        return await call_contained(self.obj.step, (messages,), self.timeout, f"{type(self.obj).__name__}.step")
+
+
+class ToolEnv(EpisodeEnv):
+    """The built-in tool environment (`tool_env`): stateless, shared by every episode.
+
+    Attributes:
+        tools: the Tools, by name in `by_name`.
+        schemas: their function-calling schemas (given to the chat template).
+    """
+
+    def __init__(self, tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: float | None = 30.0,
+                 on_tool_error: str = "end") -> None:
+        if on_tool_error not in ("end", "reply"):
+            raise ValueError(f"on_tool_error must be 'end' or 'reply', got {on_tool_error!r}")
+        if isinstance(parser, str) and parser != "hermes":
+            raise ValueError(f"unknown tool-call parser {parser!r}: the built-in one is 'hermes', or pass a function")
+        self.tools: list[Tool] = tools_from(tools)
+        self.by_name = {t.name: t for t in self.tools}
+        self.schemas = [t.schema for t in self.tools]
+        self.parser, self.timeout, self.on_tool_error = parser, timeout, on_tool_error
+
+    def __repr__(self) -> str:
+        return f"tool_env([{', '.join(self.by_name)}], on_tool_error={self.on_tool_error!r})"
+
+    async def step(self, messages: list[dict[str, Any]]) -> EnvReply:
+        t0 = time.perf_counter()
+        last = messages[-1] if messages else {}
+        if last.get("role") != "assistant":
+            return EnvReply(status="env_error", error="tool_env: the last message is not the assistant's turn")
+        parsed = parse_tool_calls(str(last.get("content") or ""), self.parser)
+        if parsed.error is not None:
+            return EnvReply(status="bad_tool_call", error=parsed.error, seconds=time.perf_counter() - t0)
+        if not parsed.calls:
+            return EnvReply(done=True, seconds=time.perf_counter() - t0)
+        reply = EnvReply()
+        for call in parsed.calls:
+            tool = self.by_name.get(call.name)
+            if tool is None:
+                return EnvReply(status="bad_tool_call", seconds=time.perf_counter() - t0,
+                                error=f"malformed tool call: no tool is named {call.name!r} "
+                                      f"(the tools: {', '.join(self.by_name) or 'none'})",
+                                tool_calls=reply.tool_calls + 1, tool_calls_failed=reply.tool_calls_failed + 1,
+                                calls=[*reply.calls, {"name": call.name, "arguments": call.arguments,
+                                                      "status": "bad_tool_call", "error": "unknown tool"}])
+            result = await acall_tool(tool, call.arguments, timeout=self.timeout)
+            reply.tool_calls += 1
+            reply.calls.append({"name": call.name, "arguments": call.arguments, "status": result.status,
+                                "error": result.error})
+            if not result.ok:
+                reply.tool_calls_failed += 1
+                if self.on_tool_error == "end":
+                    reply.status, reply.error, reply.traceback = result.status, \
+                        f"tool {call.name!r}: {result.error}", result.traceback
+                    reply.messages = []
+                    reply.seconds = time.perf_counter() - t0
+                    return reply
+            text = result.text if result.ok else f"Error: {result.error}"
+            reply.messages.append({"role": "tool", "name": call.name, "content": text or ""})
+        reply.seconds = time.perf_counter() - t0
+        return reply
+
+
+def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: float | None = 30.0,
+             on_tool_error: str = "end") -> ToolEnv:
+    """The built-in tool environment: runs the tool calls of the assistant's last turn.
+
+    Args:
+        tools: functions, Tools or `{name: function}` dicts (as `tools_from`).
+        parser: "hermes" (`<tool_call>{...}</tool_call>`) or a function text -> ParsedTurn | [(name, args)].
+        timeout: seconds per tool call ("tool_timeout" after).
+        on_tool_error: "end" (the episode ends with the tool's status) or "reply" (the error text is
+            the tool message, and the episode goes on).
+    """
+    return ToolEnv(tools, parser=parser, timeout=timeout, on_tool_error=on_tool_error)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _positional(fn: Callable[..., Any]) -> tuple[int, int, bool] | None:
+    """(required positional, all positional, *args) parameters of `fn`, or None without a signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var = any(p.kind is p.VAR_POSITIONAL for p in params)
+    return sum(p.default is p.empty for p in pos), len(pos), var
+
+
+@dataclass
+class Environment:
+    """The user's `env=` normalised: `tools` (schemas for the chat template, or None) and
+    `new()`, one `EpisodeEnv` per episode (construction contained: an `EnvReply` failure instead)."""
+
+    make: Callable[[], Any]
+    kind: str                                  # "function", "class", "factory", "tools"
+    tools: list[dict[str, Any]] | None
+    timeout: float | None
+
+    async def new(self) -> EpisodeEnv | EnvReply:
+        if self.kind in ("function", "tools"):
+            return self.make()  # type: ignore[no-any-return]
+        t0 = time.perf_counter()
+        try:
+            obj = self.make()
+        except Exception as e:
+            return EnvReply(status="env_error", error=f"{type(e).__name__}: {e} (making the episode's environment)",
+                            traceback="".join(tb.format_exception(e)), seconds=time.perf_counter() - t0)
+        if isinstance(obj, EpisodeEnv):
+            return obj
+        if not callable(getattr(obj, "step", None)):
+            return EnvReply(status="bad_env_return",
+                            error=f"the env factory {_name(self.make)} returned {_describe(obj)}; expected an "
+                                  "object with a step(messages) method (and optionally reset(data))")
+        return _ObjectEpisode(obj, self.timeout)
+
+
+def as_environment(env: Any, *, timeout: float | None = 30.0) -> Environment:
+    """Normalise `env=`: a function (messages[, data]), a class with reset/step, a factory of such
+    objects (a callable taking no arguments), a `tool_env(...)`, or a list / dict of tool functions
+    (made into `tool_env(env)`).
+
+    Raises:
+        TypeError: `env` is none of these (e.g. an instance with step(): pass its class or a factory,
+            since each episode needs its own).
+    """
+    if isinstance(env, ToolEnv):
+        return Environment(lambda: env, "tools", env.schemas, timeout)
+    if isinstance(env, (list, tuple, Mapping, Tool)):
+        built = tool_env(env)
+        return Environment(lambda: built, "tools", built.schemas, timeout)
+    if inspect.isclass(env):
+        if not callable(getattr(env, "step", None)):
+            raise TypeError(f"env class {env.__name__} has no step(messages) method; an environment class needs "
+                            "step(messages) (and optionally reset(data))")
+        return Environment(env, "class", None, timeout)
+    if not callable(env):
+        if callable(getattr(env, "step", None)):
+            raise TypeError(f"env is an instance of {type(env).__name__}; every episode needs its own "
+                            f"environment: pass the class ({type(env).__name__}) or a factory (lambda: ...)")
+        raise TypeError(f"env must be a function env(messages, data), a class with reset/step, a factory, or "
+                        f"tool_env(tools); got {_describe(env)}")
+    shape = _positional(env)
+    if shape is not None and shape[0] == 0 and shape[1] == 0 and not shape[2]:
+        return Environment(env, "factory", None, timeout)
+    with_data = shape is None or shape[2] or shape[1] >= 2
+    if shape is not None and shape[0] > 2:
+        raise TypeError(f"env function {_name(env)} takes {shape[0]} required arguments; it gets (messages, data)")
+    return Environment(lambda: _FunctionEpisode(env, bool(with_data), timeout), "function", None, timeout)
