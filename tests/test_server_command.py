@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 
 import pytest
@@ -91,3 +92,15 @@ def test_the_cpu_backend_refuses_parallelism_and_says_what_needs_it() -> None:
     assert argv("cpu", tp_size=1, dp_size=1)[2] == "rlgen.cpu_server"
     with pytest.raises(ValueError, match="need SGLang on GPUs"):
         argv("cpu", dp_size=2)
+
+
+def test_choosing_the_backend_with_sglang_installed_does_not_import_torch(tmp_path) -> None:
+    # A fresh kernel reattaching on the GPU machine paid torch's import (3.8-4.3 s) only to run
+    # torch.cuda.is_available() here. With sglang "installed" and no CUDA driver: "cpu", no torch.
+    code = ("import importlib.util, sys\n"
+            "real = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a: object() if name == 'sglang' else real(name, *a)\n"
+            "from rlgen.server._command import choose_backend, cuda_device_count\n"
+            "print(choose_backend('auto'), cuda_device_count(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["cpu", "0", "False"]
