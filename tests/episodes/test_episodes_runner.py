@@ -1,0 +1,129 @@
+"""Engine.episodes / run_episodes on a real CPU server: token-in/token-out ids that match the
+re-render of the final messages, masks and logprobs, per-episode statuses, prefix-cache hits."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+import rlgen
+from rlgen import episodes
+from rlgen.core import _loop
+
+BACKEND = os.environ.get("RLGEN_TEST_BACKEND", "cpu")
+PROMPTS = ["What is 2+2?", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]]
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: str):
+    eng = rlgen.Engine(model_path, backend=BACKEND, progress=False)
+    yield eng
+    eng.close()
+
+
+def again_once(messages: list[dict[str, Any]], data: Any) -> str:
+    return "Try again." if sum(m["role"] == "assistant" for m in messages) < 2 else "done"
+
+
+def _runs(roles: list[str]) -> list[tuple[int, int, str]]:
+    out, start = [], 0
+    for i in range(1, len(roles) + 1):
+        if i == len(roles) or roles[i] != roles[start]:
+            out.append((start, i, roles[start]))
+            start = i
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_two_prompts_two_episodes_token_faithful(engine: rlgen.Engine) -> None:
+    tok = engine.tokenizer
+    res = engine.episodes(PROMPTS, env=again_once, n=2, max_new_tokens=8, temperature=1.0)
+    assert len(res) == 4 and [(r.prompt_index, r.sample_index) for r in res.records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in res.records:
+        assert r.status == "done", r
+        chat = [{"role": "user", "content": PROMPTS[0]}] if r.prompt_index == 0 else PROMPTS[1]
+        assert r.messages[: len(chat)] == chat and r.messages[len(chat):][1] == {"role": "user", "content": "Try again."}
+        assert len(r.assistant_turns) == 2
+        # ids: the first prompt, then per turn sampled + closing + delta, built by hand from the pieces
+        assert r.ids[: r.prompt_len] == episodes.first_prompt_ids(tok, chat)
+        n = len(r.ids)
+        assert len(r.loss_mask) == len(r.logprobs) == len(r.turn_ids) == len(r.roles) == n
+        spans = [(a, b) for a, b, role in _runs(r.roles) if role == "assistant"]
+        assert len(spans) == 2
+        (a0, b0), (a1, b1) = spans
+        sampled0 = r.ids[a0:b0]
+        expect = (r.ids[: r.prompt_len] + sampled0 + episodes.closing_ids(tok, sampled0)
+                  + episodes.message_delta_ids(tok, [{"role": "user", "content": "Try again."}]))
+        assert r.ids[:a1] == expect
+        sampled1 = r.ids[a1:b1]
+        assert r.ids[b1:] == episodes.closing_ids(tok, sampled1)  # the last turn: only its closing EOS
+        # the mask is 1 exactly on sampled tokens; logprobs are 0 elsewhere
+        assert sum(r.loss_mask) == sum(t["tokens"] for t in r.assistant_turns) == r.sampled_tokens
+        assert all((m == 1) == (role == "assistant") for m, role in zip(r.loss_mask, r.roles))
+        assert all(lp == 0.0 for m, lp in zip(r.loss_mask, r.logprobs) if m == 0)
+        assert all(lp <= 0.0 for lp in r.logprobs) and any(lp < 0.0 for lp in r.logprobs)
+        # a turn without a sampled EOS gets one appended, mask 0
+        for _a, b in spans:
+            if r.ids[b - 1] != EOS:
+                assert r.ids[b] == EOS and r.loss_mask[b] == 0
+        assert r.turn_ids[a0] == 0 and r.turn_ids[a1] == 1
+        # the trainer's re-render of the messages: the same ids, or a difference inside an assistant turn
+        d = episodes.drift(tok, r.messages, r.ids, roles=r.roles)
+        assert d.cause in ("same", "retokenized", "boundary"), d
+        if not d.same:
+            assert d.role == "assistant", d
+        # the second request reused the first one's prefix from the server's cache
+        second = r.assistant_turns[1]
+        assert second["cached_tokens"] > 0 and second["prompt_tokens"] == a1
+    df = res.df
+    assert list(df["status"]) == ["done"] * 4 and list(df["turns"]) == [2] * 4
+    assert (df["cached_share"] > 0).all() and (df["sampled_tokens"] == [r.sampled_tokens for r in res.records]).all()
+    turns = res.turns
+    assert len(turns) == 16 and set(turns["role"]) == {"assistant", "env"}
+    t = res.tensors()
+    width = max(len(r.ids) for r in res.records)
+    assert t["input_ids"].shape == (4, width) and int(t["attention_mask"].sum()) == sum(len(r.ids) for r in res.records)
+    assert int(t["loss_mask"].sum()) == int(df["sampled_tokens"].sum())
+    assert engine.last_episodes is res
+
+
+@pytest.mark.timeout(120)
+def test_env_error_ends_only_its_episodes_and_max_turns(engine: rlgen.Engine) -> None:
+    def env(messages: list[dict[str, Any]], data: Any) -> str:
+        if data == "boom":
+            raise RuntimeError("the environment broke")
+        return "Go on."
+
+    res = engine.episodes(["Count.", "Spell."], env=env, n=2, max_turns=2, max_new_tokens=4, data=["ok", "boom"])
+    statuses = [(r.prompt_index, r.status) for r in res.records]
+    assert statuses == [(0, "max_turns"), (0, "max_turns"), (1, "env_error"), (1, "env_error")]
+    for r in res.records[:2]:
+        assert len(r.assistant_turns) == 2 and r.error is None
+    for r in res.records[2:]:
+        assert len(r.assistant_turns) == 1 and "RuntimeError: the environment broke" in (r.error or "")
+        assert "Traceback" in (r.traceback or "")
+    assert list(res.df["status"]) == ["max_turns", "max_turns", "env_error", "env_error"]
+
+
+@pytest.mark.timeout(120)
+def test_context_limit_and_bad_returns(engine: rlgen.Engine) -> None:
+    tok = engine.tokenizer
+    chat = [{"role": "user", "content": "Hi."}]
+    first = len(episodes.first_prompt_ids(tok, chat))
+
+    async def go(env: Any, context_length: int) -> list[episodes.EpisodeRecord]:
+        return await episodes.run_episodes(engine._client, tok, [chat], env=env, n=1, max_turns=4, max_new_tokens=4,
+                                           sampling={"temperature": 0.0}, context_length=context_length)
+
+    # room for the first turn only: the second request would not fit
+    (r,) = _loop.run_sync(go(lambda m, d: "More.", first + 6))
+    assert r.status == "context_limit" and len(r.assistant_turns) == 1 and "context" in (r.error or "")
+    # not even the first request fits
+    (r,) = _loop.run_sync(go(lambda m, d: "More.", first + 3))
+    assert r.status == "context_limit" and r.assistant_turns == [] and r.ids[: r.prompt_len] == r.ids
+    # an environment returning the wrong type: its own status, saying what came back
+    (r,) = _loop.run_sync(go(lambda m, d: 42, 4096))
+    assert r.status == "bad_env_return" and "int 42" in (r.error or "")
