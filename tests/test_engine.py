@@ -7,6 +7,7 @@ checks that no server outlives its test.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -408,7 +409,7 @@ def test_a_call_of_one_large_request_still_moves_its_progress_line_from_the_serv
     used = [int(n.split(" · ")[1].split(" ")[0].replace(",", "")) for _, n in notes if "running" in n]
     assert len(used) >= 2, notes  # the line moved while the one request ran
     assert used[-1] > used[0], notes  # by the tokens generated so far
-    assert all(b - a < 2.0 for (a, _), (b, _) in zip(notes, notes[1:]))
+    assert all(b - a < 2.0 for (a, _), (b, _) in itertools.pairwise(notes))
 
 
 def test_a_score_call_ends_with_rows_and_seconds_not_a_token_rate(engine, capfd) -> None:

@@ -16,14 +16,15 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core._errors import RequestError, ServerRequestError
 from ._http import Client
 
-__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "new_rid", "request_size", "run_generate"]
+__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "gather_or_abort", "new_rid", "request_size",
+           "run_generate"]
 
 
 @dataclass
@@ -151,14 +152,7 @@ async def run_generate(client: Client, job: GenerateJob, *,
     tasks = [asyncio.ensure_future(one_request(a, b)) for a, b in spans]
     poller = asyncio.ensure_future(_poll_loads(client, on_load)) if on_load is not None and not single else None
     try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        # 3) Ctrl-C or a failure: stop sending, then abort what the server is still working on.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await _abort(client, list(in_flight))
-        raise
+        await gather_or_abort(client, tasks, in_flight)  # 3) on Ctrl-C or a failure: abort the rest
     finally:
         if poller is not None:
             poller.cancel()
@@ -319,6 +313,19 @@ async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, An
         job.results[first + index] = chunk
         intervals = gaps.get(index)
         job.itl_s[first + index] = sum(intervals) / len(intervals) if intervals else None
+
+
+async def gather_or_abort(client: Client, tasks: Sequence[asyncio.Future[Any]], in_flight: Iterable[str]) -> None:
+    """Wait for `tasks`; on Ctrl-C or the first failure, cancel the rest and abort on the server the
+    rids still in `in_flight` (read then, so it is the live set), then re-raise."""
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _abort(client, list(in_flight))
+        raise
 
 
 async def _abort(client: Client, rids: list[str]) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..client._generate import _abort, new_rid
+from ..client._generate import gather_or_abort, new_rid
 from ..client._http import Client
 from ..core._errors import RequestError
 from ._env import EnvReply, EpisodeEnv, as_environment
@@ -218,12 +218,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
 
     tasks = [asyncio.ensure_future(guarded(r, prompts[r.prompt_index])) for r in out]
     try:
-        await asyncio.gather(*tasks)
+        await gather_or_abort(client, tasks, in_flight)
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await _abort(client, list(in_flight))
         for r in out:
             if r.status == "running":
                 r.status, r.error = "cancelled", "cancelled before it finished (Ctrl-C); its request was aborted"
