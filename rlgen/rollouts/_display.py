@@ -249,7 +249,7 @@ _TEXT = "white-space:pre-wrap;overflow-wrap:break-word;color:#111;line-height:1.
 _TABLE = "table-layout:fixed;width:100%;max-width:100%;border-collapse:collapse;margin-left:0;margin-right:0"
 _LINE = "white-space:normal;line-height:1.4;max-width:100%"
 # Percent of the table per column; the completion takes the rest (never under half).
-_WIDTHS = {"prompt": 16, "sample": 10, "reward": 9, "data": 15}
+_WIDTHS = {"prompt": 16, "sample": 10, "reward": 11, "data": 13}  # the completion gets the rest (>= 50%)
 _INLINE = (_CELL, _TEXT, _TABLE, _LINE)
 
 
