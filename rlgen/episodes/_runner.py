@@ -104,14 +104,19 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
 
-    async def generate(ids: list[int], budget: int) -> tuple[dict[str, Any], float]:
+    async def generate(ids: list[int], budget: int, sample_index: int) -> tuple[dict[str, Any], float]:
+        turn_params = {**params, "max_new_tokens": budget}
+        if turn_params.get("sampling_seed") is not None:
+            # One seed for the n episodes of a prompt would draw n identical episodes: seed + sample
+            # index, as generate() does for its n samples.
+            turn_params["sampling_seed"] = int(turn_params["sampling_seed"]) + sample_index
         async with limiter:
             rid = new_rid()
             in_flight[rid] = None
             t0 = time.perf_counter()
             cancelled = False
             try:
-                answer = await client.generate({"input_ids": ids, "sampling_params": {**params, "max_new_tokens": budget},
+                answer = await client.generate({"input_ids": ids, "sampling_params": turn_params,
                                                 "return_logprob": True, "rid": rid})
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: left for the abort below
@@ -150,7 +155,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                                 f"the model's context of {context_length} tokens")
                 return None
             try:
-                answer, latency = await generate(record.ids, max_new_tokens)
+                answer, latency = await generate(record.ids, max_new_tokens, record.sample_index)
             except RequestError as e:
                 record.status, record.error = "request_error", f"turn {turn}: {e}"
                 return None
