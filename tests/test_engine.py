@@ -396,7 +396,7 @@ def test_a_call_of_one_large_request_still_moves_its_progress_line_from_the_serv
     from rlgen.client import _generate
     from rlgen.core._progress import ProgressLine
 
-    monkeypatch.setattr(_generate, "LOAD_POLL_S", 0.3)
+    monkeypatch.setattr(_generate, "LOAD_POLL_S", 0.2)
     notes: list[tuple[float, str]] = []
     original = ProgressLine.set_note
 
@@ -405,7 +405,7 @@ def test_a_call_of_one_large_request_still_moves_its_progress_line_from_the_serv
         original(self, note)
 
     monkeypatch.setattr(ProgressLine, "set_note", spy)
-    engine.generate(["a", "b", "c", "d"], max_new_tokens=160, ignore_eos=True, chunk_size=4, progress=True)
+    engine.generate(["a", "b", "c", "d"], max_new_tokens=96, ignore_eos=True, chunk_size=4, progress=True)
     used = [int(n.split(" · ")[1].split(" ")[0].replace(",", "")) for _, n in notes if "running" in n]
     assert len(used) >= 2, notes  # the line moved while the one request ran
     assert used[-1] > used[0], notes  # by the tokens generated so far
