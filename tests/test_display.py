@@ -369,6 +369,16 @@ def test_engine_card_shows_cheap_attributes_escaped_and_skips_failing_ones():
 
 def test_a_long_reward_name_is_shortened_so_its_value_stays_in_view():
     # In JupyterLab the reward column is ~85 px: "answer_last_number 1" showed as "answer_last".
-    res = make().with_columns({"reward_answer_last_number": [1.0, 0.0]})
+    res = make().with_columns({"reward_answer_last_number": [1.0, 0.0],
+                               "reward_answer_last_number_status": ["ok", "ok"]})
     cell = res._repr_html_().split("<tbody>")[1].split("</tr>")[0]
     assert 'title="reward_answer_last_number"' in cell and ">answer_…</span> 1<" in cell
+
+
+def test_a_verl_reward_model_data_column_shows_as_data_not_as_a_reward():
+    # The view took every reward_* column for a reward; only columns scoring wrote are rewards.
+    res = make().with_columns({"reward_model": [{"ground_truth": "4"}, {"ground_truth": "5"}]})
+    page = res._repr_html_()
+    assert headers(page) == ["prompt", "sample", "data", "completion"]  # no reward column: nothing was scored
+    data_cell = page.split("<tbody>")[1].split("</tr>")[0].split("<td")[3]
+    assert ">reward_model</span>" in data_cell and "ground_truth" in data_cell

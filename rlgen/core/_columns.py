@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["CLIENT_COLUMNS", "COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "reward_output_columns"]
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "reward_output_columns",
+           "scored_reward_names"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
 # rewards) come after them.
@@ -29,12 +30,21 @@ GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advanta
 RESERVED_DATA_NAMES = (*COLUMNS, *CLIENT_COLUMNS, *GROUP_COLUMNS)
 
 
+def scored_reward_names(columns: Iterable[str]) -> list[str]:
+    """The names of the reward functions scored into `columns`, in column order: each `<name>` with
+    both `reward_<name>` and `reward_<name>_status`."""
+    names = list(columns)
+    present = set(names)
+    return [c[len("reward_"):-len("_status")] for c in names
+            if c.startswith("reward_") and c.endswith("_status") and c[:-len("_status")] in present]
+
+
 def reward_output_columns(columns: Iterable[str]) -> list[str]:
     """The columns among `columns` that scoring wrote: the group columns, and for each scored
-    function `<name>` (known by its `reward_<name>_status` column) `reward_<name>` and
-    `reward_<name>_*`. A user's `reward_model` column with no `reward_model_status` is data."""
+    function `<name>` (`scored_reward_names`) `reward_<name>` and `reward_<name>_*`. A user's
+    `reward_model` column with no `reward_model_status` is data."""
     names = list(columns)
-    scored = [c[len("reward_"):-len("_status")] for c in names if c.startswith("reward_") and c.endswith("_status")]
+    scored = scored_reward_names(names)
     owned = {f"reward_{s}" for s in scored}
     return [c for c in names if c in GROUP_COLUMNS or c in owned
             or any(c.startswith(f"reward_{s}_") for s in scored)]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core._columns import scored_reward_names
 from . import _group_stats
 
 if TYPE_CHECKING:
@@ -29,8 +30,7 @@ _STATUSES = ("ok", "none", "error", "timeout", "bad_return", "skipped", "cancell
 
 def reward_functions(df: pd.DataFrame) -> list[str]:
     """The names of the reward functions whose columns `df` has, in column order."""
-    return [c[len("reward_"):-len("_status")] for c in df.columns
-            if c.startswith("reward_") and c.endswith("_status") and f"{c[:-len('_status')]}" in df.columns]
+    return scored_reward_names(df.columns)
 
 
 def correct_mask(df: pd.DataFrame, correct: str, threshold: float) -> np.ndarray:

@@ -16,6 +16,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from ..core._columns import reward_output_columns
+
 if TYPE_CHECKING:
     from ._protocol import RolloutsView
 
@@ -394,9 +396,10 @@ def _repeats_prompt(df: Any, column: str) -> bool:
 
 def _view_columns(r: RolloutsView) -> tuple[list[str], list[str], list[str], list[str]]:
     """(reward columns, data columns shown, data columns left out, data columns that repeat the prompt)."""
+    written = set(reward_output_columns(r.df.columns))  # a verl `reward_model` column is data
     extra = [c for c in r.extra_columns if c not in _HIDDEN and not c.endswith(_HIDDEN_SUFFIXES)]
-    rewards = [c for c in extra if c.startswith("reward_")]
-    rest = [c for c in extra if not c.startswith("reward_")]
+    rewards = [c for c in extra if c in written]
+    rest = [c for c in extra if c not in written]
     repeats = [c for c in rest if _repeats_prompt(r.df, c)]
     rest = [c for c in rest if c not in repeats]
     rewards += [c for c in ("reward", "advantage") if c in r.df.columns]
