@@ -102,7 +102,9 @@ def test_tensors_have_the_documented_dtypes_and_shapes():
         "lengths": (torch.int64, (4,)),
         "top_logprobs": (torch.float32, (4, 4, 2)),
         "top_ids": (torch.int64, (4, 4, 2)),
+        "loss_mask": (torch.bool, (4, 4)),
     }
+    assert torch.equal(t["loss_mask"], t["response_mask"])  # single-turn: every response token was sampled
     assert {k: (v.dtype, tuple(v.shape)) for k, v in t.items()} == expected
 
 

@@ -85,7 +85,8 @@ def compare(a: Rollouts, b: Rollouts, *, labels: Sequence[str] = ("a", "b")) -> 
 
     # 2) per-token numbers, in float64 (the estimators subtract nearly equal numbers)
     ta, tb = a.tensors(), b.tensors()
-    real = ta["response_mask"].cpu().numpy()
+    # The tokens both sides sampled: response tokens, less an episode's environment tokens.
+    real = (ta["loss_mask"] & tb["loss_mask"]).cpu().numpy()
     lp_a = _numpy(ta["logprobs"])
     lp_b = _numpy(tb["logprobs"])
     mask = real & np.isfinite(lp_a) & np.isfinite(lp_b)

@@ -6,7 +6,7 @@ results hold the same response tokens; which sampling parameters make sampled lo
 raw-logit ones (`not_comparable_reason`); and `LogprobCheck`, the verdict of a comparison against
 its bounds, with a readable repr and HTML. Knows nothing about servers or how the logprobs were
 made: sampled and re-scored (`Engine.check_logprobs`), two engines, or a trainer's own forward
-pass; a `Rollouts` is read only through its public tensors (`logprobs`, `response_mask`,
+pass; a `Rollouts` is read only through its public tensors (`logprobs`, `response_mask`, `loss_mask`,
 `response_ids`).
 """
 
@@ -50,23 +50,24 @@ def compare_logprobs(
     """
     import torch
 
-    def unpack(x: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def unpack(x: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         if not isinstance(x, torch.Tensor) and hasattr(x, "response_mask"):  # a Rollouts
             if x.logprobs is None:
                 raise ValueError("this Rollouts has no logprobs; generate with logprobs=True")
-            return x.logprobs.cpu(), x.response_mask.cpu(), x.response_ids.cpu()
+            return x.logprobs.cpu(), x.response_mask.cpu(), x.response_ids.cpu(), x.loss_mask.cpu()
         if isinstance(x, torch.Tensor):
-            return x.detach().cpu(), None, None
+            return x.detach().cpu(), None, None, None
         raise TypeError(f"expected Rollouts or a torch.Tensor, got {type(x).__name__}")
 
-    la, ma, ia = unpack(a)
-    lb, mb, ib = unpack(b)
+    la, ma, ia, sa = unpack(a)
+    lb, mb, ib, sb = unpack(b)
     if la.shape != lb.shape:
         raise ValueError(f"logprob shapes differ: {tuple(la.shape)} vs {tuple(lb.shape)}")
     if (ia is not None and ib is not None and ma is not None and mb is not None
             and (not torch.equal(ma, mb) or not torch.equal(ia[ma], ib[mb]))):
         raise ValueError("the two Rollouts have different response tokens; their logprobs are not comparable")
-    m = mask if mask is not None else ma if ma is not None else mb
+    # The sampled tokens of both (an episode's environment tokens have no sampled logprob).
+    m = mask if mask is not None else sa & sb if sa is not None and sb is not None else sa if sa is not None else sb
     if m is None:
         raise ValueError("pass mask= (the response mask) when comparing two plain tensors")
     m = m.detach().cpu().bool()

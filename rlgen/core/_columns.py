@@ -1,7 +1,7 @@
 """The names of a result's columns: one schema, read by every layer that makes or checks a row.
 
 Owns: rlgen's own DataFrame columns (`COLUMNS`, in order), the columns the client adds where they
-apply (`CLIENT_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
+apply (`CLIENT_COLUMNS`), those of a multi-turn episode's row (`EPISODE_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
 to tell the per-function reward columns rlgen wrote from a user's own columns that happen to start
 with `reward_` (`reward_output_columns`), and the names a user's per-prompt data may not take
 (`RESERVED_DATA_NAMES`). Knows nothing about DataFrames, rewards or servers: these are names.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["CLIENT_COLUMNS", "COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "reward_output_columns",
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "reward_output_columns",
            "scored_reward_names"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
@@ -24,10 +24,17 @@ COLUMNS = (
 # Columns the client adds where they apply (streaming timings; a chat prompt's messages): rlgen's
 # own, like COLUMNS, but not every result has them. The rest of the extra columns are the user's.
 CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages")
+# The columns of a multi-turn episode's row beyond COLUMNS (`rlgen.Episodes`): how it ended, its
+# size, its tools and environment, the conversation as messages (prompt_messages is the client's
+# column above, also for episodes), and what the drift inspector found (`Episodes.check_drift`).
+EPISODE_COLUMNS = (
+    "status", "turns", "sampled_tokens", "tool_calls", "tool_calls_failed", "env_seconds", "cached_share",
+    "completion_messages", "drift", "drift_turn", "drift_position",
+)  # fmt: skip
 # Columns scoring writes for each prompt group; a second add_rewards call replaces them.
 GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
 # What `generate(data=...)` refuses as a data column: every name rlgen writes itself.
-RESERVED_DATA_NAMES = (*COLUMNS, *CLIENT_COLUMNS, *GROUP_COLUMNS)
+RESERVED_DATA_NAMES = (*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS)
 
 
 def scored_reward_names(columns: Iterable[str]) -> list[str]:

@@ -10,7 +10,8 @@ The styles (the names `style=` takes):
 
 - "trl": TRL's batch functions, `f(prompts, completions, completion_ids, **columns) -> list`; for
   chat prompts `prompts` are message lists and `completions` are
-  `[{"role": "assistant", "content": ...}]`, as TRL passes them. Recognised by a parameter named
+  `[{"role": "assistant", "content": ...}]`, as TRL passes them; for multi-turn episodes
+  `completions` are every message after the prompt (TRL's multi-turn convention). Recognised by a parameter named
   `prompts`, or `completions` without `prompt`, or `**kwargs` with named parameters all among
   TRL's batch keywords (prompts, completions, completion_ids, trainer_state, log_extra,
   log_metric), as TRL's own `f(completion_ids, **kwargs)`.
@@ -67,6 +68,7 @@ class RowBatch:
     prompt_ids: Sequence[Sequence[int]]
     data_columns: Sequence[str] = ()             # the user's own columns (per-prompt data, added columns)
     chats: Sequence[Any] | None = None           # each row's prompt messages, for chat prompts
+    completion_messages: Sequence[Any] | None = None  # each row's messages after the prompt (episodes)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -195,7 +197,9 @@ def _trl_kwargs(rows: RowBatch, idx: list[int], params: list[inspect.Parameter],
     chat = rows.chats is not None
     kwargs: dict[str, Any] = {
         "prompts": [rows.chats[i] if rows.chats is not None else rows.value("prompt", i) for i in idx],
-        "completions": [[{"role": "assistant", "content": rows.value("completion", i)}] if chat
+        # TRL's multi-turn convention: an episode's completion is every message after the prompt.
+        "completions": [list(rows.completion_messages[i]) if rows.completion_messages is not None
+                        else [{"role": "assistant", "content": rows.value("completion", i)}] if chat
                         else rows.value("completion", i) for i in idx],
         "completion_ids": [rows.value("completion_ids", i) for i in idx],
     }

@@ -44,4 +44,5 @@ def row_batch(df: Any, *, completion_ids: Sequence[Sequence[int]], prompt_ids: S
         prompt_ids=prompt_ids,
         data_columns=[c for c in data_columns if c not in written],
         chats=columns.get("prompt_messages"),
+        completion_messages=columns.get("completion_messages"),
     )

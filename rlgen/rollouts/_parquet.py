@@ -1,7 +1,8 @@
 """The parquet file format of `Rollouts`: one file per result, readable as a plain table too.
 
 Owns: the file layout and its version check. The df's own columns are stored as they are (except
-`matched_stop`, which mixes token ids and stop strings and is stored as JSON text); ragged token
+`matched_stop`, which mixes token ids and stop strings, and the chat messages, whose keys vary by
+role: JSON text, listed in the header); ragged token
 data are list columns named `_rlgen_<name>` beside them (`[T, k]` fields as lists of fixed-size
 lists); `meta_info` is one JSON text per row; pad id, model, sampling and run_sampling (run ->
 sampling) are JSON in the file's metadata under the key `rlgen`. Knows nothing about `Rollouts` itself, torch or tensors:
@@ -25,6 +26,8 @@ __all__ = ["StoredRollouts", "read_parquet", "write_parquet"]
 
 _PARQUET_KEY = b"rlgen"
 _PARQUET_VERSION = 1
+# Columns stored as one JSON text per row (see write_parquet).
+_JSON_COLUMNS = ("matched_stop", "prompt_messages", "completion_messages")
 
 Ragged = tuple[np.ndarray, np.ndarray]  # flat values, row offsets (see core/_ragged.py)
 
@@ -64,9 +67,10 @@ def write_parquet(
     clash = [c for c in df.columns if str(c).startswith("_rlgen_")]
     if clash:
         raise ValueError(f"column names starting with '_rlgen_' are reserved: {clash}")
-    # matched_stop mixes token ids and stop strings, which parquet cannot hold in one column.
-    if "matched_stop" in df:
-        df = df.assign(matched_stop=[json.dumps(m) for m in df["matched_stop"]])
+    # matched_stop mixes token ids and stop strings, which parquet cannot hold in one column; chat
+    # messages have keys that vary by role, which a struct column would fill with nulls on read.
+    as_json = [c for c in _JSON_COLUMNS if c in df]
+    df = df.assign(**{c: [json.dumps(m) for m in df[c]] for c in as_json})
     try:
         table = pa.Table.from_pandas(df, preserve_index=False)
     except (pa.ArrowException, TypeError, ValueError) as err:
@@ -88,7 +92,7 @@ def write_parquet(
         arrays[name] = ragged(values, offsets)
     for name, arr in arrays.items():
         table = table.append_column(f"_rlgen_{name}", arr)
-    meta = {"version": _PARQUET_VERSION, **header}
+    meta = {"version": _PARQUET_VERSION, **header, "json_columns": as_json}
     schema_meta = {**(table.schema.metadata or {}), _PARQUET_KEY: json.dumps(meta).encode()}
     table = table.replace_schema_metadata(schema_meta)
     pq.write_table(table, os.fspath(path))
@@ -131,9 +135,11 @@ def read_parquet(path: str | os.PathLike[str], field_names: Iterable[str]) -> St
     fields = {name: ragged(name) for name in field_names}
     metas = [orjson.loads(s) for s in table.column("_rlgen_meta_info").to_pylist()]
     df = table.drop_columns([c for c in table.column_names if c.startswith("_rlgen_")]).to_pandas()
-    if "matched_stop" in df:
-        # An object Series: a plain list of strings and None would become pandas' str dtype.
-        df["matched_stop"] = pd.Series([json.loads(m) for m in df["matched_stop"]], dtype=object, index=df.index)
+    # Files from before "json_columns" stored matched_stop alone as JSON text.
+    for c in meta.pop("json_columns", ["matched_stop"]):
+        if c in df:
+            # An object Series: a plain list of strings and None would become pandas' str dtype.
+            df[c] = pd.Series([json.loads(m) for m in df[c]], dtype=object, index=df.index)
     return StoredRollouts(
         df=df,
         prompt=(p_ids, p_off),

@@ -24,30 +24,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core._columns import CLIENT_COLUMNS, COLUMNS
-from ..core._ragged import gather_rows, pad_rows, row_offsets
+from ..core._columns import CLIENT_COLUMNS, COLUMNS, EPISODE_COLUMNS
+from ..core._ragged import gather_rows, pad_rows
+from ._fields import FIELDS
+from ._flat import FlatRollouts, concat_flat
 from ._parquet import read_parquet, write_parquet
 from ._reward_methods import RewardMethods
-from ._runs import new_run_id, relabel_runs, text_series
+from ._runs import new_run_id, text_series
 from ._tensor_properties import TensorProperties
 from ._token_text import TokenText
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
+    from typing_extensions import Self
 
     from ._browser import RolloutBrowser
     from ._plots import RolloutPlots
 
 __all__ = ["Rollouts"]
-
-# Optional flat per-token fields, and the attribute each lives in.
-_FIELDS = ("logprobs", "top_logprobs", "top_ids", "token_texts", "prompt_logprobs")
-_ATTR = {
-    "logprobs": "_lp", "top_logprobs": "_top_lp", "top_ids": "_top_ids", "token_texts": "_texts",
-    "prompt_logprobs": "_p_lp",
-}  # fmt: skip
-
 
 class Rollouts(TensorProperties, RewardMethods):
     """Generated samples as one DataFrame row each, plus padded tensors aligned with the rows.
@@ -73,6 +68,10 @@ class Rollouts(TensorProperties, RewardMethods):
     top_logprobs (optional)   [N, R, k]     float32  0.0
     top_ids (optional)        [N, R, k]     int64    pad_token_id
     prompt_logprobs (opt.)    [N, P]        float32  0.0; NaN where none (first prompt token)
+    loss_mask                 [N, R]        bool     False on padding and on tokens the model did
+                                                     not sample (an episode's environment turns);
+                                                     = response_mask for single-turn samples
+    turn_ids (optional)       [N, R]        int64    0; an episode's assistant turn per token
     ========================  ============  =======  ==============================================
 
     `logprobs[i, j]` belongs to `response_ids[i, j]`; in `input_ids` that token is at column
@@ -119,6 +118,8 @@ class Rollouts(TensorProperties, RewardMethods):
         top_ids: np.ndarray | None = None,
         token_texts: np.ndarray | None = None,
         prompt_logprobs: np.ndarray | None = None,
+        loss_mask: np.ndarray | None = None,
+        turn_ids: np.ndarray | None = None,
         model: str = "",
         sampling: dict[str, Any] | None = None,
         run_sampling: Mapping[str, dict[str, Any] | None] | None = None,
@@ -151,8 +152,11 @@ class Rollouts(TensorProperties, RewardMethods):
         self._df = df
         self._p_ids, self._p_off = prompt_ids, prompt_offsets
         self._r_ids, self._r_off = response_ids, response_offsets
-        self._lp, self._top_lp, self._top_ids = logprobs, top_logprobs, top_ids
-        self._texts, self._p_lp = token_texts, prompt_logprobs
+        # The optional per-token fields (`_fields.FIELDS`), flat like the ids; None where absent.
+        self._f: dict[str, np.ndarray | None] = {
+            "logprobs": logprobs, "top_logprobs": top_logprobs, "top_ids": top_ids, "token_texts": token_texts,
+            "prompt_logprobs": prompt_logprobs, "loss_mask": loss_mask, "turn_ids": turn_ids,
+        }  # fmt: skip
         self.meta_info: list[dict[str, Any]] = meta_info
         self.pad_token_id = int(pad_token_id)
         self.model = model
@@ -211,11 +215,11 @@ class Rollouts(TensorProperties, RewardMethods):
     def __len__(self) -> int:
         return len(self._r_off) - 1
 
-    def __getitem__(self, key: Any) -> Rollouts:
+    def __getitem__(self, key: Any) -> Self:
         """`res[3]`, `res[2:5]`, `res[[0, 3]]`, `res[bool_mask]`: a Rollouts of those rows."""
         return self._take(self._index(key))
 
-    def where(self, condition: Any) -> Rollouts:
+    def where(self, condition: Any) -> Self:
         """The rows where `condition` holds: a callable `df -> bool mask`, or a bool mask/Series.
 
         The result's df is numbered 0..M-1 (so that it lines up with its tensors); its `row_id`
@@ -265,36 +269,34 @@ class Rollouts(TensorProperties, RewardMethods):
             )
         return self._df
 
-    def _take(self, rows: np.ndarray) -> Rollouts:
+    def _take(self, rows: np.ndarray) -> Self:
         p_off, p_take = gather_rows(self._p_off, rows)
         r_off, r_take = gather_rows(self._r_off, rows)
-        def pick(a: np.ndarray | None, take: np.ndarray) -> np.ndarray | None:
-            return None if a is None else a[take]
-
-        out = type(self)(
+        fields = {name: None if a is None else a[p_take if FIELDS[name].side == "prompt" else r_take]
+                  for name, a in self._f.items()}
+        out = type(self)(**FlatRollouts(
             df=self._checked_df().iloc[rows].reset_index(drop=True),
-            prompt_ids=self._p_ids[p_take],
-            prompt_offsets=p_off,
-            response_ids=self._r_ids[r_take],
-            response_offsets=r_off,
-            meta_info=[self.meta_info[i] for i in rows],
-            pad_token_id=self.pad_token_id,
-            logprobs=pick(self._lp, r_take),
-            top_logprobs=pick(self._top_lp, r_take),
-            top_ids=pick(self._top_ids, r_take),
-            token_texts=pick(self._texts, r_take),
-            prompt_logprobs=pick(self._p_lp, p_take),
-            model=self.model,
-            run_sampling=self.run_sampling,
-            decode=self.decode,
-            run_records=self.run_records,
-        )
+            prompt_ids=self._p_ids[p_take], prompt_offsets=p_off,
+            response_ids=self._r_ids[r_take], response_offsets=r_off,
+            meta_info=[self.meta_info[i] for i in rows], pad_token_id=self.pad_token_id, fields=fields,
+            model=self.model, run_sampling=self.run_sampling, run_records=self.run_records, decode=self.decode,
+        ).kwargs())
         out._device = self._device
         return out
 
+    def flat(self) -> FlatRollouts:
+        """This result's contents as flat arrays (no copy): `type(res)(**res.flat().kwargs())` is
+        the same result. For code that builds results from others (`concat`, subclasses)."""
+        return FlatRollouts(
+            df=self._checked_df(), prompt_ids=self._p_ids, prompt_offsets=self._p_off, response_ids=self._r_ids,
+            response_offsets=self._r_off, meta_info=self.meta_info, pad_token_id=self.pad_token_id,
+            fields=dict(self._f), model=self.model, run_sampling=self.run_sampling, run_records=self.run_records,
+            decode=self.decode,
+        )
+
     @classmethod
     def concat(cls, items: Iterable[Rollouts], *, labels: Sequence[str] | None = None,
-               renumber: bool = False) -> Rollouts:
+               renumber: bool = False) -> Self:
         """Stack results row-wise and re-pad, keeping which run each row came from.
 
         Each row keeps its `run` and `row_id`, so prompt groups (`run`, `prompt_index`) never mix
@@ -311,79 +313,18 @@ class Rollouts(TensorProperties, RewardMethods):
             ValueError: `labels` has the wrong length, or leaves two rows with the same (`run`,
                 `row_id`), or one run with two different samplings.
         """
-        import pandas as pd
-
         items = list(items)
         if not items or not all(isinstance(r, Rollouts) for r in items):
             raise TypeError("concat needs a non-empty list of Rollouts")
-        if labels is not None and (isinstance(labels, str) or len(labels) != len(items)):
-            raise ValueError(f"labels must be a list of {len(items)} strings, one per input, got {labels!r}")
-        if len({r.pad_token_id for r in items}) != 1:
-            pads = sorted({r.pad_token_id for r in items})
-            raise ValueError(f"cannot concat results with different pad_token_id: {pads}")
-        ks = {r._top_lp.shape[1] for r in items if r._top_lp is not None}
-        if len(ks) > 1:
-            raise ValueError(f"cannot concat results with different top-k sizes: {sorted(ks)}")
-        dfs, run_sampling, run_records = relabel_runs(
-            [(r._checked_df(), r.run_sampling, r.run_records) for r in items], labels)
-        if renumber:
-            shifted, start = [], 0
-            for d in dfs:
-                d = d.copy()
-                d["prompt_index"] = d["prompt_index"] + start
-                start = int(d["prompt_index"].max()) + 1 if len(d) else start
-                shifted.append(d)
-            dfs = shifted
-        k = ks.pop() if ks else 0
-        fills: dict[str, Callable[[int], np.ndarray]] = {  # what a row without the field gets: NaN = "not returned"
-            "logprobs": lambda t: np.full(t, np.nan, np.float32),
-            "top_logprobs": lambda t: np.full((t, k), np.nan, np.float32),
-            "top_ids": lambda t: np.full((t, k), items[0].pad_token_id, np.int64),
-            "token_texts": lambda t: np.full(t, None, object),
-            "prompt_logprobs": lambda t: np.full(t, np.nan, np.float32),
-        }
-        fields: dict[str, np.ndarray | None] = {}
-        for name in _FIELDS:
-            own = [getattr(r, _ATTR[name]) for r in items]
-            if all(a is None for a in own):
-                fields[name] = None
-                continue
-            sizes = [len(r._p_ids) if name == "prompt_logprobs" else len(r._r_ids) for r in items]
-            fields[name] = np.concatenate([a if a is not None else fills[name](s) for a, s in zip(own, sizes)])
-        models = list(dict.fromkeys(r.model for r in items if r.model))
-        df = pd.concat(dfs, ignore_index=True)
-        repeated = df.duplicated(["run", "row_id"])
-        if repeated.any():
-            run, row_id = df.loc[repeated.idxmax(), ["run", "row_id"]]
-            raise ValueError(f"two rows would be run {run!r} row_id {row_id}: give labels that tell the inputs' runs "
-                             "apart, e.g. Rollouts.concat(items, labels=['a', 'b'])")
-        out = cls(
-            df=df,
-            prompt_ids=np.concatenate([r._p_ids for r in items]),
-            prompt_offsets=row_offsets(np.concatenate([np.diff(r._p_off) for r in items])),
-            response_ids=np.concatenate([r._r_ids for r in items]),
-            response_offsets=row_offsets(np.concatenate([np.diff(r._r_off) for r in items])),
-            meta_info=[m for r in items for m in r.meta_info],
-            pad_token_id=items[0].pad_token_id,
-            logprobs=fields["logprobs"],
-            top_logprobs=fields["top_logprobs"],
-            top_ids=fields["top_ids"],
-            token_texts=fields["token_texts"],
-            prompt_logprobs=fields["prompt_logprobs"],
-            model=", ".join(models),
-            run_sampling=run_sampling,
-            decode=next((r.decode for r in items if r.decode is not None), None),
-            run_records=run_records,
-        )
-        return out
+        return cls(**concat_flat([r.flat() for r in items], labels=labels, renumber=renumber).kwargs())
 
     # -- tensors ---------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
         """All tensors by name (optional ones only when present); see the class docstring.
 
         With an `advantage` column (`add_rewards`), also `advantages` [N] float32 and
-        `token_advantages` [N, R] float32: each row's advantage on its response tokens, 0.0 on
-        padding and for rows whose advantage is NaN (their reward failed), read from the df on
+        `token_advantages` [N, R] float32: each row's advantage on the tokens of `loss_mask`, 0.0
+        elsewhere (padding, an episode's environment tokens) and for rows whose advantage is NaN (their reward failed), read from the df on
         every call so that they follow edits of the column.
         """
         import torch
@@ -398,7 +339,7 @@ class Rollouts(TensorProperties, RewardMethods):
             adv = np.nan_to_num(self._df["advantage"].to_numpy(dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
             per_row = torch.from_numpy(adv).to(out["response_mask"].device)
             out["advantages"] = per_row
-            out["token_advantages"] = per_row[:, None] * out["response_mask"].to(per_row.dtype)
+            out["token_advantages"] = per_row[:, None] * out["loss_mask"].to(per_row.dtype)
         return out
 
     def _build_arrays(self) -> dict[str, np.ndarray]:
@@ -417,13 +358,18 @@ class Rollouts(TensorProperties, RewardMethods):
             "attention_mask": np.concatenate([prompt_mask, response_mask], axis=1),
             "lengths": r_len.astype(np.int64),
         }
-        if self._lp is not None:
-            out["logprobs"] = pad_rows(self._lp, r_len, 0.0, left=False)
-        if self._top_lp is not None and self._top_ids is not None:
-            out["top_logprobs"] = pad_rows(self._top_lp, r_len, 0.0, left=False)
-            out["top_ids"] = pad_rows(self._top_ids, r_len, pad, left=False)
-        if self._p_lp is not None:
-            out["prompt_logprobs"] = pad_rows(self._p_lp, p_len, 0.0, left=True)
+        for name, values in self._f.items():
+            spec = FIELDS[name]
+            if values is None or spec.tensor_pad is None:
+                continue
+            if name in ("top_ids", "top_logprobs") and (self._f["top_ids"] is None or self._f["top_logprobs"] is None):
+                continue
+            lengths, left = (p_len, True) if spec.side == "prompt" else (r_len, False)
+            out[name] = pad_rows(values, lengths, spec.tensor_pad(pad), left=left)
+        if "turn_ids" in out:
+            out["turn_ids"] = out["turn_ids"].astype(np.int64)
+        if "loss_mask" not in out:
+            out["loss_mask"] = response_mask
         return out
 
     def _tensor(self, name: str) -> torch.Tensor | None:
@@ -437,7 +383,7 @@ class Rollouts(TensorProperties, RewardMethods):
         assert tensor is not None
         return tensor
 
-    def to(self, device: Any) -> Rollouts:
+    def to(self, device: Any) -> Self:
         """A copy whose tensors live on `device` (rows, meta_info and flat data are shared)."""
         import torch
 
@@ -446,7 +392,7 @@ class Rollouts(TensorProperties, RewardMethods):
         out._cache = {k: v.to(out._device) for k, v in self.tensors().items()}
         return out
 
-    def _shallow_copy(self) -> Rollouts:
+    def _shallow_copy(self) -> Self:
         out = object.__new__(type(self))
         out.__dict__.update(self.__dict__)
         out._df = self._df.copy(deep=False)
@@ -454,7 +400,7 @@ class Rollouts(TensorProperties, RewardMethods):
         return out
 
     # -- columns and rewards ---------------------------------------------------------------------
-    def with_columns(self, columns: Mapping[str, Sequence[Any]]) -> Rollouts:
+    def with_columns(self, columns: Mapping[str, Sequence[Any]]) -> Self:
         """A new Rollouts with the same rows and tensors plus (or replacing) these df columns,
         one value per row. rlgen's own columns (`prompt_index`, `completion`, ...) cannot be replaced."""
         clash = sorted(set(columns) & set(COLUMNS))
@@ -493,13 +439,13 @@ class Rollouts(TensorProperties, RewardMethods):
     @property
     def has_logprobs(self) -> bool:
         """Whether any row has response logprobs."""
-        return self._lp is not None
+        return self._f["logprobs"] is not None
 
     @property
     def data_columns(self) -> list[str]:
         """The df's columns that are the user's: per-prompt data and added columns (the extra
-        columns less the client's own: streaming timings, chat messages)."""
-        return [c for c in self.extra_columns if c not in CLIENT_COLUMNS]
+        columns less the client's own (streaming timings, chat messages) and an episode's)."""
+        return [c for c in self.extra_columns if c not in CLIENT_COLUMNS and c not in EPISODE_COLUMNS]
 
     @property
     def extra_columns(self) -> list[str]:
@@ -509,20 +455,25 @@ class Rollouts(TensorProperties, RewardMethods):
     def tokens(self, i: int) -> dict[str, Any]:
         """Row i's response tokens: ids, logprobs, token texts, top-k (None where absent).
 
-        Reads the flat CPU data, never the (possibly on-GPU) tensors.
+        `loss_mask` and `turn_ids` are an episode's (None for single-turn results). Reads the
+        flat CPU data, never the (possibly on-GPU) tensors.
         """
         i = int(self._index(i)[0])
         a, b = int(self._r_off[i]), int(self._r_off[i + 1])
 
-        def sl(x: np.ndarray | None) -> np.ndarray | None:
+        def sl(name: str) -> np.ndarray | None:
+            x = self._f[name]
             return None if x is None else x[a:b]
 
+        texts = sl("token_texts")
         return {
             "ids": self._r_ids[a:b],
-            "logprobs": sl(self._lp),
-            "texts": None if self._texts is None else list(self._texts[a:b]),
-            "top_logprobs": sl(self._top_lp),
-            "top_ids": sl(self._top_ids),
+            "logprobs": sl("logprobs"),
+            "texts": None if texts is None else list(texts),
+            "top_logprobs": sl("top_logprobs"),
+            "top_ids": sl("top_ids"),
+            "loss_mask": sl("loss_mask"),
+            "turn_ids": sl("turn_ids"),
         }
 
     # -- parquet ---------------------------------------------------------------------------------
@@ -535,11 +486,8 @@ class Rollouts(TensorProperties, RewardMethods):
         view) in the file's metadata.
         """
         df = self._checked_df()
-        fields = {}
-        for name in _FIELDS:
-            values = getattr(self, _ATTR[name])
-            if values is not None:
-                fields[name] = (values, self._p_off if name == "prompt_logprobs" else self._r_off)
+        fields = {name: (values, self._p_off if FIELDS[name].side == "prompt" else self._r_off)
+                  for name, values in self._f.items() if values is not None}
         write_parquet(
             path,
             df,
@@ -553,14 +501,14 @@ class Rollouts(TensorProperties, RewardMethods):
         )
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike[str], *, tokenizer: Any = None) -> Rollouts:
+    def from_parquet(cls, path: str | os.PathLike[str], *, tokenizer: Any = None) -> Self:
         """Read a file written by `to_parquet`.
 
         The view draws token text with `tokenizer` (an object, or a local path or name), else with
         the tokenizer the file names, loaded from local files when first needed; where neither can
         be had, it shows token ids and says why.
         """
-        stored = read_parquet(path, _FIELDS)
+        stored = read_parquet(path, tuple(FIELDS))
         fields, header = stored.fields, stored.header
         if "latency_s" in stored.df.columns and "request_latency_s" not in stored.df.columns:
             # Files written before the rename: the same value (the batched request's time), new name.
@@ -578,11 +526,7 @@ class Rollouts(TensorProperties, RewardMethods):
             sampling=header.get("sampling"),
             run_sampling=header.get("run_sampling"),
             run_records=header.get("run_records"),
-            logprobs=fields["logprobs"],
-            top_logprobs=fields["top_logprobs"],
-            top_ids=fields["top_ids"],
-            token_texts=None if texts is None else texts.astype(object),
-            prompt_logprobs=fields["prompt_logprobs"],
+            **{**fields, "token_texts": None if texts is None else texts.astype(object)},
             decode=_token_text_for(tokenizer if tokenizer is not None else header.get("tokenizer")),
         )
 

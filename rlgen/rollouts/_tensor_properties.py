@@ -77,3 +77,16 @@ class TensorProperties:
     def prompt_logprobs(self) -> torch.Tensor | None:
         """[N, P] float32 prompt logprobs aligned with prompt_ids (NaN where none, 0.0 on padding), or None."""
         return self._tensor("prompt_logprobs")
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[N, R] bool: the response tokens the model sampled (its EOS included), False on padding
+        and on tokens it did not sample (an episode's environment and tool messages, a closing
+        EOS the environment appended); equals response_mask for single-turn samples."""
+        return self._required("loss_mask")
+
+    @property
+    def turn_ids(self) -> torch.Tensor | None:
+        """[N, R] int64: per response token, the episode's assistant turn it belongs to or follows
+        (0 for the first turn, 0 on padding); None for single-turn results."""
+        return self._tensor("turn_ids")
