@@ -25,8 +25,8 @@ LAYERS: dict[str, int] = {
     "rlgen": 6,                      # the facade: __init__, __main__
     "rlgen.engine": 5,
     "rlgen.compare": 4,
+    "rlgen.episodes": 4,
     "rlgen.rollouts": 3,
-    "rlgen.episodes": 3,
     "rlgen.rewards": 2,
     "rlgen.server": 1, "rlgen.client": 1, "rlgen.cpu_server": 1,
     "rlgen.core": 0, "rlgen._version": 0,

@@ -280,10 +280,16 @@ class GenerationMixin(EngineBase):
 
     def _record(self, call: _Call, sampling: dict[str, Any], responses: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
         """`Rollouts.record`: what made this call's rows."""
+        versions = [(r.get("meta_info") or {}).get("weight_version") for r in responses if r is not None]
+        cache = None if call.keys is None else {"hits": len(call.hits), "sent": len(call.sent)}
+        return self._run_record(started=call.started, sampling=sampling, weight_versions=versions, cache=cache)
+
+    def _run_record(self, *, started: float, sampling: dict[str, Any], weight_versions: Sequence[Any],
+                    cache: dict[str, int] | None) -> dict[str, Any]:
+        """What made a call's rows (`Rollouts.record`), for generate() and episodes() alike."""
         from .._version import __version__
 
-        versions = sorted({str(v) for r in responses if r is not None
-                           and (v := (r.get("meta_info") or {}).get("weight_version")) is not None})
+        versions = sorted({str(v) for v in weight_versions if v is not None})
         return {
             "rlgen_version": __version__,
             "server_version": self._server_info.get("version"),
@@ -296,10 +302,10 @@ class GenerationMixin(EngineBase):
             "server_args": self._command(),
             "sampling": sampling,
             "seed": sampling.get("sampling_seed"),
-            "started_utc": datetime.datetime.fromtimestamp(call.started, datetime.timezone.utc).isoformat(
+            "started_utc": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
                 timespec="seconds"),
             "gpu": self._gpu(),
-            "cache": None if call.keys is None else {"hits": len(call.hits), "sent": len(call.sent)},
+            "cache": cache,
         }
 
     def _gpu(self) -> str | None:

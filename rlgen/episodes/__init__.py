@@ -7,9 +7,11 @@ of its messages (`_drift`: the first divergence, its cause, a summary over episo
 (`_tools`: plain functions with a function-calling schema from their signature and docstring, called
 contained with a per-call status, through rlgen.rewards' thread runner) and reading a model's turn
 into tool calls (`_tool_calls`: the built-in "hermes" parser, SGLang's `/parse_function_call`, or a
-parser you pass). Knows nothing about launching servers, sampling, the result object or the Engine:
-it takes a Hugging Face tokenizer with a chat template, messages, ids, functions and a client to
-post to, and returns ids, records, DataFrames, tool results and parsed turns.
+parser you pass); the runner (`_runner`, `_env`: episodes over `/generate` with `input_ids`) and
+the result (`_episodes.Episodes`: a `Rollouts` with a row per episode, built from the runner's
+`EpisodeRecord`s). Knows nothing about launching servers or the Engine: it takes a client to post
+to, a Hugging Face tokenizer with a chat template, messages, ids and functions, and returns ids,
+records, tool results, parsed turns and `Episodes`.
 
 Usage::
 
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 from ._drift import CAUSES, Drift, drift, drift_summary
 from ._env import Environment, EnvReply, EpisodeEnv, ToolEnv, as_environment, tool_env
-from ._result import EpisodeRecord, EpisodesResult, episodes_frame, turns_frame
+from ._episodes import ROLE_CODES, Episodes, episodes_from_records
+from ._result import EpisodeRecord, turns_frame
 from ._runner import run_episodes
 from ._template import TemplateError, closing_ids, first_prompt_ids, message_delta_ids
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, parse_hermes, parse_tool_calls, parse_with_server
@@ -33,12 +36,13 @@ from ._tools import Tool, ToolResult, ToolStatus, acall_tool, call_tool, tool_sc
 
 __all__ = [
     "CAUSES",
+    "ROLE_CODES",
     "Drift",
     "EnvReply",
     "Environment",
     "EpisodeEnv",
     "EpisodeRecord",
-    "EpisodesResult",
+    "Episodes",
     "ParsedTurn",
     "TemplateError",
     "Tool",
@@ -53,7 +57,7 @@ __all__ = [
     "closing_ids",
     "drift",
     "drift_summary",
-    "episodes_frame",
+    "episodes_from_records",
     "first_prompt_ids",
     "message_delta_ids",
     "parse_hermes",

@@ -1,12 +1,11 @@
-"""The result of multi-turn episodes: one record per episode, DataFrames, padded tensors.
+"""One episode as the runner fills it: `EpisodeRecord`, and a turns frame of records.
 
 Owns: `EpisodeRecord` (one episode's conversation, its token-in/token-out ids with a per-token loss
-mask, logprob, turn index and role, its status and per-turn details), `episodes_frame` (a row per
-episode), `turns_frame` (a row per turn) and `EpisodesResult` (the records with `.df`, `.turns`
-and `.tensors()`, right-padded torch tensors for a trainer). pandas and torch are imported inside
-the functions that use them.
+mask, logprob, turn index and role, its status and per-turn details) and `turns_frame` (a row per
+turn of some records). The result users get is `Episodes` (`_episodes`), built from these records.
+pandas is imported inside the function that uses it.
 
-Knows nothing about servers, HTTP, sampling, environments or the Engine: it reads records.
+Knows nothing about servers, HTTP, sampling, environments, the Engine or `Rollouts`: it holds records.
 
 Statuses: "done" (the environment ended it), "max_turns", "context_limit" (the next request would not
 fit the model's context), "env_error", "env_timeout", "bad_env_return", "bad_tool_call", a tool's
@@ -23,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
-    import torch
 
-__all__ = ["EpisodeRecord", "EpisodesResult", "episodes_frame", "turns_frame"]
+__all__ = ["TURN_COLUMNS", "EpisodeRecord", "turns_frame"]
 
 
 @dataclass
@@ -50,6 +48,8 @@ class EpisodeRecord:
             prompt_tokens, latency_s.
         env_seconds: the time spent in the environment (reset, steps, tools).
         data: the prompt's data as given to the environment.
+        n_prompt_messages: how many of `messages` are the prompt's (its chat and what the
+            environment's reset added); -1 until the runner knows.
     """
 
     prompt_index: int
@@ -67,6 +67,7 @@ class EpisodeRecord:
     turns: list[dict[str, Any]] = field(default_factory=list)
     env_seconds: float = 0.0
     data: Any = None
+    n_prompt_messages: int = -1
 
     def extend(self, ids: Sequence[int], *, role: str, turn: int, mask: int = 0,
                logprobs: Sequence[float] | None = None) -> None:
@@ -91,103 +92,16 @@ class EpisodeRecord:
                 + (f", error={self.error!r}" if self.error else "") + ")")
 
 
-def _cached_share(record: EpisodeRecord) -> float | None:
-    """Cached tokens over prompt tokens sent, for the requests after the first (None: no such request)."""
-    later = record.assistant_turns[1:]
-    sent = sum(int(t.get("prompt_tokens") or 0) for t in later)
-    if not later or sent == 0:
-        return None
-    return sum(int(t.get("cached_tokens") or 0) for t in later) / sent
-
-
-def episodes_frame(records: Sequence[EpisodeRecord]) -> pd.DataFrame:
-    """A row per episode: prompt_index, sample_index, status, turns (assistant turns), tokens,
-    sampled_tokens, tool_calls, tool_calls_failed, finish_reason (of the last assistant turn),
-    env_seconds, cached_share (cached tokens / prompt tokens sent after turn 1), error."""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        assistant = r.assistant_turns
-        rows.append({
-            "prompt_index": r.prompt_index, "sample_index": r.sample_index, "status": r.status,
-            "turns": len(assistant), "tokens": len(r.ids), "sampled_tokens": r.sampled_tokens,
-            "tool_calls": sum(int(t.get("tool_calls") or 0) for t in r.turns),
-            "tool_calls_failed": sum(int(t.get("tool_calls_failed") or 0) for t in r.turns),
-            "finish_reason": assistant[-1].get("finish_reason") if assistant else None,
-            "env_seconds": r.env_seconds, "cached_share": _cached_share(r), "error": r.error,
-        })
-    columns = ["prompt_index", "sample_index", "status", "turns", "tokens", "sampled_tokens", "tool_calls",
-               "tool_calls_failed", "finish_reason", "env_seconds", "cached_share", "error"]
-    return pd.DataFrame(rows, columns=columns)
-
-
 TURN_COLUMNS = ["prompt_index", "sample_index", "turn", "role", "text", "tokens", "logprob_mean", "tool_calls",
-                "tool_calls_failed", "finish_reason", "cached_tokens", "prompt_tokens", "latency_s"]
+                "tool_calls_failed", "finish_reason", "cached_tokens", "prompt_tokens", "latency_s", "rlgen_s"]
 
 
 def turns_frame(records: Sequence[EpisodeRecord]) -> pd.DataFrame:
     """A row per turn (assistant turns and environment replies): prompt_index, sample_index, turn,
     role, text, tokens, logprob_mean, tool_calls, tool_calls_failed, finish_reason, cached_tokens,
-    prompt_tokens, latency_s."""
+    prompt_tokens, latency_s, rlgen_s."""
     import pandas as pd
 
     rows = [{"prompt_index": r.prompt_index, "sample_index": r.sample_index,
              **{k: t.get(k) for k in TURN_COLUMNS[2:]}} for r in records for t in r.turns]
     return pd.DataFrame(rows, columns=TURN_COLUMNS)
-
-
-@dataclass
-class EpisodesResult:
-    """What `Engine.episodes` returns: `records` (one `EpisodeRecord` per episode, prompt-major),
-    `.df` (a row per episode), `.turns` (a row per turn), `.tensors()` (padded tensors)."""
-
-    records: list[EpisodeRecord]
-    pad_id: int = 0
-    tokenizer: Any = None
-    interrupted: bool = False
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, i: int) -> EpisodeRecord:
-        return self.records[i]
-
-    def __repr__(self) -> str:
-        counts: dict[str, int] = {}
-        for r in self.records:
-            counts[r.status] = counts.get(r.status, 0) + 1
-        return f"EpisodesResult({len(self.records)} episodes: {', '.join(f'{k}={v}' for k, v in counts.items())})"
-
-    @property
-    def df(self) -> pd.DataFrame:
-        return episodes_frame(self.records)
-
-    @property
-    def turns(self) -> pd.DataFrame:
-        return turns_frame(self.records)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Right-padded tensors, a row per episode: `input_ids` (padded with the pad id),
-        `attention_mask`, `loss_mask`, `logprobs`, `turn_ids` (padded with 0)."""
-        import torch
-
-        n = len(self.records)
-        width = max((len(r.ids) for r in self.records), default=0)
-        out = {
-            "input_ids": torch.full((n, width), int(self.pad_id), dtype=torch.long),
-            "attention_mask": torch.zeros((n, width), dtype=torch.long),
-            "loss_mask": torch.zeros((n, width), dtype=torch.long),
-            "logprobs": torch.zeros((n, width), dtype=torch.float32),
-            "turn_ids": torch.zeros((n, width), dtype=torch.long),
-        }
-        for i, r in enumerate(self.records):
-            k = len(r.ids)
-            if not k:
-                continue
-            out["input_ids"][i, :k] = torch.tensor(r.ids, dtype=torch.long)
-            out["attention_mask"][i, :k] = 1
-            out["loss_mask"][i, :k] = torch.tensor(r.loss_mask, dtype=torch.long)
-            out["logprobs"][i, :k] = torch.tensor(r.logprobs, dtype=torch.float32)
-            out["turn_ids"][i, :k] = torch.tensor(r.turn_ids, dtype=torch.long)
-        return out

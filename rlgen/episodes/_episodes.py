@@ -1,0 +1,272 @@
+"""`Episodes`: multi-turn episodes as a `Rollouts`, so everything a result does, an episode does.
+
+Owns: the `Episodes` class (a `Rollouts` whose row is one episode: the prompt is the first
+request's ids, the response is everything after it, assistant-sampled and environment tokens
+alike, with `loss_mask` 1 on sampled tokens only and a per-token `turn_ids`), building one from the
+runner's `EpisodeRecord`s (`episodes_from_records`), reading records back (`records`, `episode`),
+the turns frame (`turns`), the drift inspector over its rows (`check_drift`, `drift`,
+`drift_summary`), and the `roles` tensor. Selection, concat, parquet, the view, rewards, group
+statistics, `Engine.score` and `rlgen.compare` / `ab` are `Rollouts`' own and work unchanged.
+
+Knows nothing about servers, sampling, environments or the Engine: it reads records and flat arrays.
+
+Where the columns come from (COLUMNS, then EPISODE_COLUMNS, then the prompt's data):
+`completion` is the last assistant turn's text (the episode's answer, what reward functions that
+take a `completion` read); `completion_messages` is every message after the prompt (TRL's
+multi-turn `completions`); `prompt_messages` the prompt's chat (with what the environment's reset
+added); `finish_reason` / `matched_stop` / `weight_version` / `rid` are the last assistant turn's;
+`cached_tokens` and `request_latency_s` sum over turns; `logprob_sum` / `logprob_mean` are over
+the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..core._columns import COLUMNS, EPISODE_COLUMNS, RESERVED_DATA_NAMES
+from ..rollouts._flat import FlatRollouts
+from ..rollouts._rollouts import Rollouts
+from ..rollouts._runs import new_run_id, text_series
+from ..rollouts._token_text import TokenText
+from ._drift import Drift, drift, drift_summary
+from ._result import TURN_COLUMNS, EpisodeRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+__all__ = ["ROLE_CODES", "Episodes", "episodes_from_records"]
+
+# The `roles` tensor's codes: 0 padding, 1 a token the model sampled, 2 a token it did not
+# (the environment's and tools' messages, a closing EOS the environment appended).
+ROLE_CODES = {"pad": 0, "assistant": 1, "env": 2}
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` with anything JSON cannot hold as its repr (tool results may be any object)."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def _data_columns(records: Sequence[EpisodeRecord]) -> dict[str, list[Any]]:
+    """The prompts' data as columns: a dict's keys, else one column `data` (none when all are None)."""
+    items = [r.data for r in records]
+    if all(x is None for x in items):
+        return {}
+    if all(isinstance(x, Mapping) for x in items):
+        keys = list(dict.fromkeys(k for x in items for k in x))
+        clash = sorted(set(keys) & set(RESERVED_DATA_NAMES))
+        if clash:
+            raise ValueError(f"data names {clash} are rlgen's own columns; rename them (reserved: "
+                             f"{', '.join(RESERVED_DATA_NAMES)})")
+        return {k: [x.get(k) for x in items] for k in keys}
+    return {"data": items}
+
+
+def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int, tokenizer: Any = None,
+                          model: str = "", sampling: dict[str, Any] | None = None,
+                          run_record: dict[str, Any] | None = None,
+                          tools: Sequence[Mapping[str, Any]] | None = None) -> Episodes:
+    """An `Episodes` of `records` (prompt-major, as the runner fills them), one new run."""
+    import pandas as pd
+
+    n = len(records)
+    p_len = np.array([r.prompt_len for r in records], dtype=np.int64)
+    r_len = np.array([len(r.ids) - r.prompt_len for r in records], dtype=np.int64)
+    flat_p = [i for r in records for i in r.ids[:r.prompt_len]]
+    flat_r = [i for r in records for i in r.ids[r.prompt_len:]]
+    rows = []
+    for r in records:
+        assistant = r.assistant_turns
+        last = assistant[-1] if assistant else {}
+        sampled = [lp for lp, m in zip(r.logprobs, r.loss_mask) if m]
+        k = r.n_prompt_messages if r.n_prompt_messages >= 0 else len(r.messages)
+        rows.append({
+            "prompt_index": r.prompt_index, "sample_index": r.sample_index,
+            "prompt": tokenizer.decode(r.ids[:r.prompt_len]) if tokenizer is not None else None,
+            "completion": last.get("text") or "", "finish_reason": last.get("finish_reason") or "unknown",
+            "matched_stop": last.get("matched_stop"), "prompt_tokens": r.prompt_len,
+            "completion_tokens": len(r.ids) - r.prompt_len,
+            "cached_tokens": sum(int(t.get("cached_tokens") or 0) for t in assistant),
+            "logprob_sum": float(sum(sampled)) if sampled else math.nan,
+            "logprob_mean": float(sum(sampled) / len(sampled)) if sampled else math.nan,
+            "request_latency_s": float(sum(float(t.get("latency_s") or 0.0) for t in assistant)),
+            "weight_version": last.get("weight_version"), "rid": last.get("rid"), "error": r.error,
+            "status": r.status, "turns": len(assistant), "sampled_tokens": r.sampled_tokens,
+            "tool_calls": sum(int(t.get("tool_calls") or 0) for t in r.turns),
+            "tool_calls_failed": sum(int(t.get("tool_calls_failed") or 0) for t in r.turns),
+            "env_seconds": r.env_seconds, "cached_share": _cached_share(r),
+            "prompt_messages": _json_safe(r.messages[:k]), "completion_messages": _json_safe(r.messages[k:]),
+        })
+    own = [c for c in (*COLUMNS, *EPISODE_COLUMNS, "prompt_messages") if rows and c in rows[0]]
+    df = pd.DataFrame(rows, columns=own)
+    df["prompt"] = text_series(df["prompt"].tolist())
+    df["completion"] = text_series(df["completion"].tolist())
+    df["run"] = text_series([new_run_id()] * n)
+    df["row_id"] = np.arange(n, dtype=np.int64)
+    for name, values in _data_columns(records).items():
+        df[name] = values
+    meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": _json_safe(list(tools or [])) or None}
+            for r in records]
+    mask = np.array([m for r in records for m in r.loss_mask[r.prompt_len:]], dtype=np.bool_)
+    run = str(df["run"].iloc[0]) if n else new_run_id()
+    return Episodes(**FlatRollouts(
+        df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=_offsets(p_len),
+        response_ids=np.array(flat_r, dtype=np.int64), response_offsets=_offsets(r_len), meta_info=meta,
+        pad_token_id=int(pad_token_id),
+        fields={
+            "logprobs": np.array([x for r in records for x in r.logprobs[r.prompt_len:]], dtype=np.float32),
+            "loss_mask": mask,
+            "turn_ids": np.array([t for r in records for t in r.turn_ids[r.prompt_len:]], dtype=np.int32),
+        },
+        model=model, run_sampling={run: sampling}, run_records={run: run_record},
+        decode=TokenText(tokenizer) if tokenizer is not None else None,
+    ).kwargs())
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _cached_share(record: EpisodeRecord) -> float:
+    """Cached tokens over prompt tokens sent, for the requests after the first (NaN: no such request)."""
+    later = record.assistant_turns[1:]
+    sent = sum(int(t.get("prompt_tokens") or 0) for t in later)
+    if not later or sent == 0:
+        return math.nan
+    return sum(int(t.get("cached_tokens") or 0) for t in later) / sent
+
+
+class Episodes(Rollouts):
+    """Multi-turn episodes: a `Rollouts` with a row per episode (what `Engine.episodes` returns).
+
+    Everything a `Rollouts` does works on it: `res[...]`, `where`, `concat`, `to_parquet` /
+    `Episodes.from_parquet`, the view and `browse()`, `add_rewards` (TRL-style functions get each
+    episode's messages after the prompt as its completion), `group_stats`, `Engine.score`,
+    `rlgen.compare` and `rlgen.ab`.
+
+    Tensors are `Rollouts`' (see its table): `prompt_ids` is the first request's ids, `response_ids`
+    everything after it (the model's turns and the environment's messages, as sent and sampled,
+    never re-tokenized), `logprobs` the sampled logprobs (0.0 on environment tokens), `loss_mask`
+    1 on the tokens the model sampled (EOS included) only, `turn_ids` the assistant turn of each
+    token, and `roles` [N, R] int64 (`ROLE_CODES`: 1 sampled, 2 environment, 0 padding). A policy-
+    gradient loss is the single-turn one::
+
+        t = res.add_rewards(reward).tensors()
+        P = t["prompt_ids"].shape[1]
+        logits = model(t["input_ids"], attention_mask=t["attention_mask"]).logits[:, P - 1:-1]
+        lp = logits.log_softmax(-1).gather(-1, t["response_ids"][..., None])[..., 0]
+        loss = -(t["token_advantages"] * lp).sum() / t["loss_mask"].sum()
+
+    DataFrame columns: `Rollouts`' (see `rlgen.episodes._episodes` for what each means for an
+    episode), then `status` (see below), `turns` (assistant turns), `sampled_tokens`, `tool_calls`,
+    `tool_calls_failed`, `env_seconds`, `cached_share` (cached / prompt tokens of the requests
+    after the first: the prefix cache serving the history), `prompt_messages`,
+    `completion_messages`, after `check_drift` `drift` / `drift_turn` / `drift_position`, then the
+    prompts' data.
+
+    Statuses: "done" (the environment ended it), "max_turns", "context_limit", "env_error",
+    "env_timeout", "bad_env_return", "bad_tool_call", a tool's status ("tool_error",
+    "tool_timeout", "bad_arguments", "not_serialisable"), "template_error", "request_error",
+    "error" (an unexpected failure, with its traceback), "cancelled" (Ctrl-C).
+    """
+
+    # -- records and turns -----------------------------------------------------------------------
+    def episode(self, i: int) -> EpisodeRecord:
+        """Row i as an `EpisodeRecord`: the whole conversation, ids, masks and turns."""
+        i = int(self._index(i)[0])
+        row = self.df.iloc[i]
+        prompt = self.id_lists("prompt")[i]
+        tok = self.tokens(i)
+        n_p, ids = len(prompt), [*prompt, *(int(x) for x in tok["ids"])]
+        mask = [0] * n_p + [int(m) for m in (tok["loss_mask"] if tok["loss_mask"] is not None else [1] * len(tok["ids"]))]
+        lps = tok["logprobs"] if tok["logprobs"] is not None else np.zeros(len(tok["ids"]), np.float32)
+        turns = tok["turn_ids"] if tok["turn_ids"] is not None else np.zeros(len(tok["ids"]), np.int32)
+        meta = self.meta_info[i]
+        data = {c: row[c] for c in self.data_columns}
+        record = EpisodeRecord(
+            prompt_index=int(row["prompt_index"]), sample_index=int(row["sample_index"]),
+            messages=[*row["prompt_messages"], *row["completion_messages"]], ids=ids, prompt_len=n_p, loss_mask=mask,
+            logprobs=[0.0] * n_p + [0.0 if math.isnan(x) else float(x) for x in lps],
+            turn_ids=[0] * n_p + [int(t) for t in turns],
+            roles=["prompt"] * n_p + ["assistant" if m else "env" for m in mask[n_p:]],
+            status=str(row["status"]), error=row["error"] if isinstance(row["error"], str) else None,
+            traceback=meta.get("traceback"),
+            turns=list(meta.get("turns") or []), env_seconds=float(row["env_seconds"]),
+            data=data.get("data") if list(data) == ["data"] else (data or None),
+        )
+        record.n_prompt_messages = len(row["prompt_messages"])
+        return record
+
+    @property
+    def records(self) -> list[EpisodeRecord]:
+        """Every row as an `EpisodeRecord` (built on each access)."""
+        return [self.episode(i) for i in range(len(self))]
+
+    @property
+    def turns(self) -> pd.DataFrame:
+        """A row per turn (assistant turns and the environment's replies): `run`, `row_id`,
+        prompt_index, sample_index, turn, role, text, tokens, logprob_mean, tool_calls,
+        tool_calls_failed, finish_reason, cached_tokens, prompt_tokens, latency_s, rlgen_s (the
+        runner's own time for an assistant turn), status (an environment reply's)."""
+        import pandas as pd
+
+        df = self._checked_df()
+        keys = df[["run", "row_id", "prompt_index", "sample_index"]].to_dict("records")
+        columns = ["run", "row_id", "prompt_index", "sample_index", *TURN_COLUMNS[2:], "status"]
+        rows = [{**key, **{c: t.get(c) for c in columns[4:]}}
+                for key, meta in zip(keys, self.meta_info) for t in meta.get("turns") or []]
+        return pd.DataFrame(rows, columns=columns)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """`Rollouts.tensors()` plus `roles` [N, R] int64 (`ROLE_CODES`)."""
+        import torch
+
+        out = super().tensors()
+        lm, rm = out["loss_mask"], out["response_mask"]
+        out["roles"] = torch.where(lm, ROLE_CODES["assistant"], torch.where(rm, ROLE_CODES["env"], ROLE_CODES["pad"]))
+        return out
+
+    # -- the drift inspector ---------------------------------------------------------------------
+    def _tokenizer(self, tokenizer: Any) -> Any:
+        if tokenizer is not None:
+            return tokenizer
+        if isinstance(self.decode, TokenText):
+            return self.decode.tokenizer()
+        raise ValueError("these episodes carry no tokenizer; pass check_drift(tokenizer=...), the one they ran with")
+
+    def drift(self, i: int, *, tokenizer: Any = None) -> Drift:
+        """Row i's token-in/token-out ids against a trainer's re-render of its messages through
+        the chat template: the first divergence (turn, position, tokens either side) and its cause.
+        `tokenizer`: the one the episodes ran with (default) or another template to check."""
+        record = self.episode(i)
+        tools = self.meta_info[int(self._index(i)[0])].get("tools")
+        return drift(self._tokenizer(tokenizer), record.messages, record.ids, roles=record.roles, tools=tools)
+
+    def check_drift(self, *, tokenizer: Any = None) -> Episodes:
+        """A copy with the drift inspector's columns: `drift` (the first divergence's cause: "same",
+        "boundary", "rewritten_history", "retokenized", ...), `drift_turn` and `drift_position`
+        (None when the same). The view marks each drifted row; `drift_summary()` counts causes."""
+        drifts = [self.drift(i, tokenizer=tokenizer) for i in range(len(self))]
+        out = self._shallow_copy()
+        out._df = self._df.assign(drift=[d.cause for d in drifts],
+                                  drift_turn=pd_int([d.turn for d in drifts]),
+                                  drift_position=pd_int([d.position for d in drifts]))
+        return out
+
+    def drift_summary(self, *, tokenizer: Any = None) -> pd.DataFrame:
+        """Episodes counted by the cause of their first divergence (see `rlgen.episodes.drift_summary`)."""
+        return drift_summary(self.drift(i, tokenizer=tokenizer) for i in range(len(self)))
+
+
+def pd_int(values: Sequence[int | None]) -> Any:
+    """A nullable integer column."""
+    import pandas as pd
+
+    return pd.array(values, dtype="Int64")
