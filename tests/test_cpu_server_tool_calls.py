@@ -1,12 +1,16 @@
 """The CPU backend's `/parse_function_call` (rlgen.cpu_server._tool_parsers): SGLang's request and
 answer shape and its hermes behaviour, in-process on the same cases as the client's `parse_hermes`, and
-over HTTP on a real server (with `rlgen.episodes.parse_with_server` as the client)."""
+over HTTP on a real server (with `rlgen.episodes.parse_with_server` as the client); and the answers
+recorded in tests/data/parse_function_call_cases.json (scripts/gpu/parse_parity.py), which the GPU
+run compares with SGLang's."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +134,32 @@ def test_real_server_answers_parse_function_call(model_path: str) -> None:
         # the server still generates after these requests
         status, out = post(srv.url + "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 2}})
         assert status == 200 and out["meta_info"]["completion_tokens"] == 2
+
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "parse_function_call_cases.json"
+
+
+def _fixture_cases() -> list[dict[str, Any]]:
+    return list(json.loads(FIXTURE.read_text())["cases"])
+
+
+@pytest.mark.parametrize("case", _fixture_cases(), ids=lambda c: c["name"])
+def test_the_cpu_backend_still_answers_the_recorded_parse_function_call_cases(case: dict[str, Any]) -> None:
+    # tests/data/parse_function_call_cases.json: the CPU backend's answers, recorded by
+    # scripts/gpu/parse_parity.py; the GPU run compares SGLang's answers with the same file.
+    fixture = json.loads(FIXTURE.read_text())
+    body = {"text": case["text"], "tools": fixture["tools"] if case["tools"] else [],
+            "tool_call_parser": fixture["parser"]}
+    assert parse_function_call(body) == case["cpu_answer"]
+
+
+def test_the_fixture_holds_every_case_of_the_parity_script() -> None:
+    spec = importlib.util.spec_from_file_location("parse_parity", FIXTURE.parents[2] / "scripts/gpu/parse_parity.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    fixture = json.loads(FIXTURE.read_text())
+    assert [(c["name"], c["text"], c["tools"]) for c in fixture["cases"]] == script.CASES, \
+        "the cases changed: run `python scripts/gpu/parse_parity.py record`"
+    assert fixture["tools"] == script.TOOLS and fixture["parser"] == script.PARSER
+    assert len(fixture["cases"]) >= 30
