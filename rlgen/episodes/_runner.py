@@ -140,6 +140,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         if reply.status is not None:
             return _fail(record, reply)
         record.messages = [dict(m) for m in prompt] + reply.messages
+        record.n_prompt_messages = len(record.messages)
         tools = environment.tools
         try:
             first = first_prompt_ids(tokenizer, record.messages, tools=tools)
@@ -178,7 +179,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                 "logprob_mean": sum(lps) / len(lps) if lps else None, "tool_calls": None, "tool_calls_failed": None,
                 "finish_reason": finish_type, "cached_tokens": int(meta.get("cached_tokens") or 0),
                 "prompt_tokens": int(meta.get("prompt_tokens") or len(record.ids) - len(sampled)),
-                "latency_s": latency,
+                "latency_s": latency, "rid": meta.get("id"), "weight_version": meta.get("weight_version"),
+                "matched_stop": finish.get("matched") if isinstance(finish, dict) else None,
             })
             record.extend(closing_ids(tokenizer, sampled), role="env", turn=turn)
             reply = await session.step([dict(m) for m in record.messages])
