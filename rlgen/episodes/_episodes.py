@@ -74,7 +74,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     """An `Episodes` of `records` (prompt-major, as the runner fills them), one new run."""
     import pandas as pd
 
-    n = len(records)
+    n, run = len(records), new_run_id()
     p_len = np.array([r.prompt_len for r in records], dtype=np.int64)
     r_len = np.array([len(r.ids) - r.prompt_len for r in records], dtype=np.int64)
     flat_p = [i for r in records for i in r.ids[:r.prompt_len]]
@@ -95,7 +95,8 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
             "logprob_sum": float(sum(sampled)) if sampled else math.nan,
             "logprob_mean": float(sum(sampled) / len(sampled)) if sampled else math.nan,
             "request_latency_s": float(sum(float(t.get("latency_s") or 0.0) for t in assistant)),
-            "weight_version": last.get("weight_version"), "rid": last.get("rid"), "error": r.error,
+            "weight_version": last.get("weight_version"), "rid": last.get("rid"), "error": r.error, "run": run,
+            "row_id": len(rows),
             "status": r.status, "turns": len(assistant), "sampled_tokens": r.sampled_tokens,
             "tool_calls": sum(int(t.get("tool_calls") or 0) for t in r.turns),
             "tool_calls_failed": sum(int(t.get("tool_calls_failed") or 0) for t in r.turns),
@@ -106,14 +107,13 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     df = pd.DataFrame(rows, columns=own)
     df["prompt"] = text_series(df["prompt"].tolist())
     df["completion"] = text_series(df["completion"].tolist())
-    df["run"] = text_series([new_run_id()] * n)
+    df["run"] = text_series([run] * n)
     df["row_id"] = np.arange(n, dtype=np.int64)
     for name, values in _data_columns(records).items():
         df[name] = values
     meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": _json_safe(list(tools or [])) or None}
             for r in records]
     mask = np.array([m for r in records for m in r.loss_mask[r.prompt_len:]], dtype=np.bool_)
-    run = str(df["run"].iloc[0]) if n else new_run_id()
     return Episodes(**FlatRollouts(
         df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=_offsets(p_len),
         response_ids=np.array(flat_r, dtype=np.int64), response_offsets=_offsets(r_len), meta_info=meta,

@@ -1,0 +1,149 @@
+"""`Episodes`, the result of `Engine.episodes`, as a `Rollouts`: rows, records, tensors whose masks
+make the loss, selection, concat, parquet, rewards over message lists, group statistics, re-scoring
+and `rlgen.compare` over sampled tokens only, the drift columns. One real CPU server per module."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import rlgen
+from rlgen.core._columns import COLUMNS, EPISODE_COLUMNS
+from rlgen.episodes import ROLE_CODES, Episodes, episodes_from_records
+
+BACKEND = os.environ.get("RLGEN_TEST_BACKEND", "cpu")
+PROMPTS = ["What is 2+2?", "Name a colour."]
+
+
+def twice(messages: list[dict[str, Any]], data: Any) -> str:
+    """Asks once more, then ends: two assistant turns, one environment message between them."""
+    return "Are you sure?" if sum(m["role"] == "assistant" for m in messages) < 2 else "done"
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: str):
+    eng = rlgen.Engine(model_path, backend=BACKEND, progress=False)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def res(engine: rlgen.Engine) -> Episodes:
+    return engine.episodes(PROMPTS, env=twice, n=2, max_turns=3, max_new_tokens=6, temperature=1.0,
+                           sampling_seed=7, data={"answer": ["4", "red"]})
+
+
+@pytest.mark.timeout(180)
+def test_a_row_per_episode_with_rlgens_columns_then_the_episodes_then_the_data(res: Episodes) -> None:
+    assert isinstance(res, rlgen.Rollouts) and len(res) == 4
+    cols = list(res.df.columns)
+    assert cols[:len(COLUMNS)] == list(COLUMNS)
+    assert [c for c in cols if c in EPISODE_COLUMNS] == [c for c in EPISODE_COLUMNS if c in cols]
+    assert cols[-1] == "answer" and res.data_columns == ["answer"]
+    df = res.df
+    assert (df.status == "done").all() and (df.turns == 2).all()
+    for i, r in enumerate(res.records):
+        assert df.completion[i] == r.assistant_turns[-1]["text"]            # the episode's answer
+        assert df.completion_messages[i] == r.messages[r.n_prompt_messages:]
+        assert [m["role"] for m in df.completion_messages[i]] == ["assistant", "user", "assistant"]
+        assert df.prompt_messages[i] == [{"role": "user", "content": PROMPTS[r.prompt_index]}]
+        assert df.prompt_tokens[i] == r.prompt_len and df.completion_tokens[i] == len(r.ids) - r.prompt_len
+        assert df.sampled_tokens[i] == sum(r.loss_mask)
+        sampled = [lp for lp, m in zip(r.logprobs, r.loss_mask) if m]
+        assert math.isclose(df.logprob_sum[i], sum(sampled), rel_tol=1e-5)
+    assert res.turns.groupby("row_id").size().tolist() == [4, 4, 4, 4]   # 2 assistant + 2 env turns each
+
+
+@pytest.mark.timeout(180)
+def test_tensors_mask_the_loss_to_the_sampled_tokens_and_a_pg_loss_is_the_single_turn_one(res: Episodes) -> None:
+    scored = res.add_rewards({"right": lambda completion, answer: float(answer in completion)})
+    t = scored.tensors()
+    P = t["prompt_ids"].shape[1]
+    for i, r in enumerate(res.records):
+        k = len(r.ids) - r.prompt_len
+        assert t["response_ids"][i, :k].tolist() == r.ids[r.prompt_len:]
+        assert t["loss_mask"][i, :k].tolist() == [bool(m) for m in r.loss_mask[r.prompt_len:]]
+        assert not t["loss_mask"][i, k:].any()
+        assert t["turn_ids"][i, :k].tolist() == r.turn_ids[r.prompt_len:]
+        roles = [ROLE_CODES["assistant"] if m else ROLE_CODES["env"] for m in r.loss_mask[r.prompt_len:]]
+        assert t["roles"][i, :k].tolist() == roles and (t["roles"][i, k:] == ROLE_CODES["pad"]).all()
+        assert t["input_ids"][i, P:P + k].tolist() == r.ids[r.prompt_len:]
+    # An environment message sits between the turns: masked out of the loss and its advantage.
+    env_tokens = t["response_mask"] & ~t["loss_mask"]
+    assert env_tokens.sum(1).min() > 0
+    assert (t["token_advantages"][env_tokens] == 0).all() and (t["logprobs"][env_tokens] == 0).all()
+    lp = torch.where(t["loss_mask"], t["logprobs"], torch.zeros_like(t["logprobs"]))
+    loss = -(t["token_advantages"] * lp).sum() / t["loss_mask"].sum()
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.timeout(180)
+def test_selection_concat_and_parquet_keep_episodes_whole(res: Episodes, tmp_path: Path) -> None:
+    picked = res.where(res.df.prompt_index == 1)
+    assert isinstance(picked, Episodes) and len(picked) == 2
+    assert [r.ids for r in picked.records] == [r.ids for r in res.records[2:]]
+    assert picked.turns.row_id.unique().tolist() == [2, 3]
+    both = Episodes.concat([res, res], labels=["a", "b"])
+    assert isinstance(both, Episodes) and len(both) == 8
+    assert torch.equal(both.loss_mask[4:, :res.loss_mask.shape[1]], res.loss_mask)
+    res.to_parquet(tmp_path / "ep.parquet")
+    back = Episodes.from_parquet(tmp_path / "ep.parquet")
+    assert isinstance(back, Episodes)
+    for a, b in zip(res.records, back.records):
+        assert (a.ids, a.loss_mask, a.turn_ids, a.roles, a.messages, a.turns, a.status) == \
+               (b.ids, b.loss_mask, b.turn_ids, b.roles, b.messages, b.turns, b.status)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-6)
+    assert back.record == res.record and back.df.answer.tolist() == res.df.answer.tolist()
+
+
+@pytest.mark.timeout(180)
+def test_records_rebuild_the_same_episodes(res: Episodes) -> None:
+    again = episodes_from_records(res.records, pad_token_id=res.pad_token_id)
+    assert [r.ids for r in again.records] == [r.ids for r in res.records]
+    assert again.df.drop(columns=["run", "prompt"]).equals(res.df.drop(columns=["run", "prompt"]))
+
+
+@pytest.mark.timeout(180)
+def test_trl_reward_functions_get_each_episodes_messages_after_the_prompt(res: Episodes) -> None:
+    seen: list[Any] = []
+
+    def trl_turns(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        seen.extend(completions)
+        return [float(sum(m["role"] == "assistant" for m in c)) for c in completions]
+
+    out = res.add_rewards(trl_turns, mode="inline")
+    assert seen == res.df.completion_messages.tolist()
+    assert out.df.reward.tolist() == [2.0] * 4
+    assert out.group_stats().n.tolist() == [2, 2]      # groups are prompts; rows are episodes
+
+
+@pytest.mark.timeout(180)
+def test_rescoring_an_episode_compares_its_sampled_tokens_only(engine: rlgen.Engine, res: Episodes) -> None:
+    scored = engine.score(res)
+    assert scored.response_ids.shape == res.response_ids.shape
+    shift = rlgen.compare(res, scored)
+    sampled = int(res.loss_mask.sum())
+    mask = shift.tensors()["mask"]
+    assert int(mask.sum()) == sampled < int(res.response_mask.sum())
+    assert torch.equal(mask.bool(), res.loss_mask)
+    # Sampled at temperature 1 on the same weights: the sampled tokens' logprobs are re-scored
+    # alike, and the environment's tokens (logprob 0.0, never sampled) are not compared.
+    verdict = engine.check_logprobs(res)
+    assert verdict.aligned and verdict.n_tokens == sampled, verdict
+
+
+@pytest.mark.timeout(180)
+def test_check_drift_adds_one_cause_per_episode(res: Episodes) -> None:
+    checked = res.check_drift()
+    assert list(checked.df.columns[-3:]) == ["drift", "drift_turn", "drift_position"]
+    summary = checked.drift_summary()
+    assert int(summary.loc["all", "episodes"]) == 4
+    for i, cause in enumerate(checked.df.drift):
+        assert cause == res.drift(i).cause
+        assert (cause == "same") == bool(checked.df.drift_position.isna()[i])
