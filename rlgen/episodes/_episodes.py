@@ -79,7 +79,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     r_len = np.array([len(r.ids) - r.prompt_len for r in records], dtype=np.int64)
     flat_p = [i for r in records for i in r.ids[:r.prompt_len]]
     flat_r = [i for r in records for i in r.ids[r.prompt_len:]]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in records:
         assistant = r.assistant_turns
         last = assistant[-1] if assistant else {}
