@@ -31,6 +31,7 @@ from .core._options import GenerateOptions, RewardOptions, SamplingOptions, Stre
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
 from .engine._base import EngineState
 from .engine._engine import Engine
+from .episodes._episodes import Episodes
 from .rollouts._rollouts import Rollouts
 from .server._models import DEFAULT_MODEL, resolve_model
 from .server._process import reap
@@ -45,6 +46,7 @@ __all__ = [
     "EngineClosedError",
     "EngineError",
     "EngineState",
+    "Episodes",
     "GenerateOptions",
     "LogprobShift",
     "ModelError",
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
-for _obj in (Engine, EngineState, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
+for _obj in (Engine, EngineState, Episodes, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
              reap, resolve_model, RlgenError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WorkerRequestError):
     _obj.__module__ = "rlgen"
