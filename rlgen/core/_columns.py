@@ -29,7 +29,7 @@ CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages")
 # column above, also for episodes), and what the drift inspector found (`Episodes.check_drift`).
 EPISODE_COLUMNS = (
     "status", "turns", "sampled_tokens", "tool_calls", "tool_calls_failed", "env_seconds", "cached_share",
-    "completion_messages", "drift", "drift_turn", "drift_position",
+    "completion_messages", "turn_rewards", "drift", "drift_turn", "drift_position",
 )  # fmt: skip
 # Columns scoring writes for each prompt group; a second add_rewards call replaces them.
 GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")

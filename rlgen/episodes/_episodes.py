@@ -4,7 +4,7 @@ Owns: the `Episodes` class (a `Rollouts` whose row is one episode: the prompt is
 request's ids, the response is everything after it, assistant-sampled and environment tokens
 alike, with `loss_mask` 1 on sampled tokens only and a per-token `turn_ids`), building one from the
 runner's `EpisodeRecord`s (`episodes_from_records`), reading records back (`records`, `episode`),
-the turns frame (`turns`), the drift inspector over its rows (`check_drift`, `drift`,
+the turns frame (`turns`), per-turn rewards (`add_turn_rewards`), the drift inspector over its rows (`check_drift`, `drift`,
 `drift_summary`), and the `roles` tensor. Selection, concat, parquet, the view, rewards, group
 statistics, `Engine.score` and `rlgen.compare` / `ab` are `Rollouts`' own and work unchanged.
 
@@ -27,8 +27,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from ..core._columns import COLUMNS, EPISODE_COLUMNS, RESERVED_DATA_NAMES
+from ..core._options import RewardOptions, takes_options
 from ..rollouts._flat import FlatRollouts
 from ..rollouts._rollouts import Rollouts
 from ..rollouts._runs import new_run_id, text_series
@@ -39,6 +41,8 @@ from ._result import TURN_COLUMNS, EpisodeRecord
 if TYPE_CHECKING:
     import pandas as pd
     import torch
+
+    from ..rewards._scoring import RewardFunctions
 
 __all__ = ["ROLE_CODES", "Episodes", "episodes_from_records"]
 
@@ -214,12 +218,15 @@ class Episodes(Rollouts):
         """A row per turn (assistant turns and the environment's replies): `run`, `row_id`,
         prompt_index, sample_index, turn, role, text, tokens, logprob_mean, tool_calls,
         tool_calls_failed, finish_reason, cached_tokens, prompt_tokens, latency_s, rlgen_s (the
-        runner's own time for an assistant turn), status (an environment reply's)."""
+        runner's own time for an assistant turn), status (an environment reply's), and reward
+        after `add_turn_rewards`."""
         import pandas as pd
 
         df = self._checked_df()
         keys = df[["run", "row_id", "prompt_index", "sample_index"]].to_dict("records")
-        columns = ["run", "row_id", "prompt_index", "sample_index", *TURN_COLUMNS[2:], "status"]
+        rewarded = any("reward" in t for m in self.meta_info for t in m.get("turns") or [])
+        columns = ["run", "row_id", "prompt_index", "sample_index", *TURN_COLUMNS[2:], "status",
+                   *(["reward"] if rewarded else [])]
         rows = [{**key, **{c: t.get(c) for c in columns[4:]}}
                 for key, meta in zip(keys, self.meta_info) for t in meta.get("turns") or []]
         return pd.DataFrame(rows, columns=columns)
@@ -231,6 +238,55 @@ class Episodes(Rollouts):
         out = super().tensors()
         lm, rm = out["loss_mask"], out["response_mask"]
         out["roles"] = torch.where(lm, ROLE_CODES["assistant"], torch.where(rm, ROLE_CODES["env"], ROLE_CODES["pad"]))
+        return out
+
+    # -- per-turn rewards ------------------------------------------------------------------------
+    @takes_options(RewardOptions)
+    def add_turn_rewards(self, funcs: RewardFunctions, /, **options: Unpack[RewardOptions]) -> Episodes:
+        """Score every assistant turn on its own; returns a copy with `turn_rewards` (per episode,
+        a list with each assistant turn's combined reward, NaN where it failed) and a `reward`
+        column in `.turns` (on assistant turns). Each function sees a turn as a row: `completion` is
+        the turn's text, `completion_ids` its sampled ids, `turn` its index, `prompt` the episode's
+        prompt, TRL-style `prompts` the messages before the turn, plus the episode's `status` and
+        data columns. Functions and options as `add_rewards` (per-turn statuses are not kept: the
+        episode-level `add_rewards` is where failures are read)."""
+        from ..core._options import resolve
+        from ..rewards._scoring import rewards_columns
+        from ..rewards._styles import RowBatch
+
+        opts = resolve(RewardOptions, options)
+        df = self._checked_df()
+        rows: list[dict[str, Any]] = []
+        ids: list[list[int]] = []
+        chats: list[Any] = []
+        where: list[tuple[int, int]] = []
+        for i in range(len(self)):
+            record = self.episode(i)
+            turn_ids = np.asarray(record.turn_ids)
+            mask = np.asarray(record.loss_mask, dtype=bool)
+            spoken = [k for k, m in enumerate(record.messages) if m["role"] == "assistant"
+                      and k >= record.n_prompt_messages]
+            for j, turn in enumerate(t for t in record.turns if t["role"] == "assistant"):
+                k = int(turn["turn"])
+                rows.append({"prompt": df["prompt"][i], "completion": turn.get("text") or "", "turn": k,
+                             "status": record.status, **{c: df[c][i] for c in self.data_columns}})
+                ids.append([record.ids[p] for p in np.flatnonzero(mask & (turn_ids == k))])
+                chats.append(record.messages[:spoken[j]] if j < len(spoken) else record.messages)
+                where.append((i, j))
+        columns = {c: [r.get(c) for r in rows] for c in (rows[0] if rows else {"completion": None})}
+        batch = RowBatch(columns=columns, completion_ids=ids, prompt_ids=[[] for _ in ids],
+                         data_columns=list(self.data_columns), chats=chats)
+        out_cols, _ = rewards_columns(batch, np.array([i for i, _ in where], dtype=np.int64), funcs, opts)
+        values = np.asarray(out_cols["reward"], dtype=np.float64)
+        per_episode: list[list[float]] = [[] for _ in range(len(self))]
+        meta = [{**m, "turns": [dict(t) for t in (m.get("turns") or [])]} for m in self.meta_info]
+        assistant = [[t for t in m["turns"] if t.get("role") == "assistant"] for m in meta]
+        for (i, j), value in zip(where, values):
+            per_episode[i].append(float(value))
+            assistant[i][j]["reward"] = float(value)
+        out = self._shallow_copy()
+        out.meta_info = meta
+        out._df = self._df.assign(turn_rewards=per_episode)
         return out
 
     # -- the drift inspector ---------------------------------------------------------------------

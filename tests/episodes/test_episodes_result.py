@@ -147,3 +147,23 @@ def test_check_drift_adds_one_cause_per_episode(res: Episodes) -> None:
     for i, cause in enumerate(checked.df.drift):
         assert cause == res.drift(i).cause
         assert (cause == "same") == bool(checked.df.drift_position.isna()[i])
+
+
+@pytest.mark.timeout(180)
+def test_turn_rewards_score_each_assistant_turn_with_the_messages_before_it(res: Episodes) -> None:
+    seen: list[tuple[Any, Any]] = []
+
+    def trl_turn(prompts: list[Any], completions: list[Any], completion_ids: list[Any], **kw: Any) -> list[float]:
+        seen.extend(zip(prompts, completions))
+        return [float(len(ids)) for ids in completion_ids]
+
+    out = res.add_turn_rewards(trl_turn, mode="inline")
+    records = res.records
+    assert out.df.turn_rewards.tolist() == [[float(t["tokens"]) for t in r.assistant_turns] for r in records]
+    first_prompt, first_turn = seen[0]
+    assert first_prompt == records[0].messages[:1]                   # the prompt, before turn 0
+    assert seen[1][0] == records[0].messages[:3]                     # prompt, turn 0, the environment's reply
+    assert first_turn == [{"role": "assistant", "content": records[0].assistant_turns[0]["text"]}]
+    turns = out.turns
+    assert turns[turns.role == "assistant"].reward.tolist() == [v for r in out.df.turn_rewards for v in r]
+    assert turns[turns.role == "env"].reward.isna().all() and "reward" not in res.turns
