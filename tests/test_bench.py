@@ -160,3 +160,156 @@ def test_the_scale_out_report_judges_the_two_gpu_target_only_with_two_gpus(tmp_p
     record = C.Record.load(str(tmp_path / "two.json"), out=str(tmp_path / "again2.json"))
     scale_out.report(record)
     assert [(t["target"], t["verdict"]) for t in record["targets"]] == [("replicas=2 on two GPUs vs one server", "PASS")]
+
+
+# ---------------------------------------------------------------------------------------------
+# bench/episodes.py: matching requests to episodes, the cache and own-time arithmetic, the verdicts,
+# and a smoke run on the CPU backend
+
+
+def _episodes_bench():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "episodes.py"
+    spec = importlib.util.spec_from_file_location("bench_episodes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _FakeClient:
+    """Answers /generate with the output ids given for the request's input length, after 10 ms."""
+
+    def __init__(self, answers: dict[int, list[int]]) -> None:
+        self.answers = answers
+
+    async def generate(self, payload: dict) -> dict:
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return {"output_ids": self.answers[len(payload["input_ids"])], "meta_info": {"e2e_latency": 0.004}}
+
+
+def _two_turn_episode(log, *, rlgen_s: bool = False):
+    """A record built as the runner builds it, its two requests going through `log`; 30 ms of
+    'rlgen's own work' and a 5 ms environment step between them."""
+    import asyncio
+    import time
+
+    from rlgen.episodes import EpisodeRecord
+
+    rec = EpisodeRecord(0, 0)
+    rec.extend([1, 2, 3], role="prompt", turn=0)
+    asyncio.run(log.generate({"input_ids": list(rec.ids)}))
+    rec.extend([7, 8], role="assistant", turn=0, mask=1)
+    rec.turns.append({"role": "assistant", "tokens": 2, "cached_tokens": 0, "prompt_tokens": 3,
+                      **({"rlgen_s": 0.002} if rlgen_s else {})})
+    time.sleep(0.035)
+    rec.turns.append({"role": "env", "latency_s": 0.005})
+    rec.extend([2, 9, 9], role="env", turn=0)
+    asyncio.run(log.generate({"input_ids": list(rec.ids)}))
+    rec.extend([5, 6], role="assistant", turn=1, mask=1)
+    rec.turns.append({"role": "assistant", "tokens": 2, "cached_tokens": 5, "prompt_tokens": 8,
+                      **({"rlgen_s": 0.003} if rlgen_s else {})})
+    rec.turns.append({"role": "env", "latency_s": 0.001})
+    rec.status = "done"
+    return rec
+
+
+def test_episodes_bench_matches_each_request_to_its_episode_and_times_the_gap_between_turns() -> None:
+    import time
+
+    eb = _episodes_bench()
+    log = eb.RequestLog(_FakeClient({3: [7, 8], 8: [5, 6]}))
+    t0 = time.perf_counter()
+    rec = _two_turn_episode(log)
+    (times,) = eb.episode_times([rec], log, t0)
+    assert times is not None and len(times["sent"]) == 2 and log.peak == 1
+    assert 0.025 < times["between_s"][0] < 0.1  # 35 ms sleep less the 5 ms environment step
+    assert times["own_s"] == pytest.approx(times["before_first_s"] + times["between_s"][0])
+    assert times["wall_s"] >= times["answered"][1] - 1e-9 and all(x > 0 for x in times["transport_s"])
+    # a record whose ids no request sent: not timed
+    other = _two_turn_episode(eb.RequestLog(_FakeClient({3: [7, 8], 8: [5, 6]})))
+    other.ids[4] = 99
+    assert eb.episode_times([other], log, t0) == [None]
+    own = eb.own_time([rec], [times])
+    assert own["source"] == "requests" and 0 < own["requests"]["pct"] < 100
+
+
+def test_episodes_bench_cache_shares_and_rlgen_s_when_the_records_have_it() -> None:
+    import time
+
+    eb = _episodes_bench()
+    log = eb.RequestLog(_FakeClient({3: [7, 8], 8: [5, 6]}))
+    t0 = time.perf_counter()
+    rec = _two_turn_episode(log, rlgen_s=True)
+    cache = eb.cache_shares([rec])
+    assert cache["share"] == pytest.approx(5 / 8) and cache["history_share"] == pytest.approx(5 / 5)
+    assert cache["per_turn"] == {"2": pytest.approx(5 / 8)}
+    details = eb.analyse([rec], log, t0, turns=2, turn_tokens=2)
+    assert details["own"]["source"] == "rlgen_s" and details["own"]["rlgen_s"]["own_s"] == pytest.approx(0.005)
+    assert details["statuses"] == {"done": 1} and details["short_episodes"] == 0 and details["requests"] == 2
+    assert eb.wrong_outcome([details]) is None
+    assert "short of the expected tokens" in eb.wrong_outcome([eb.analyse([rec], log, t0, turns=4, turn_tokens=2)])
+
+
+def _episodes_saved(tmp_path: Path, ratio: float, cached: float, own_pct: float, status: str = "done") -> str:
+    import json
+
+    def details(k: int) -> dict:
+        return {"statuses": {status: 4}, "short_episodes": 0, "peak_in_flight": 4,
+                "cache": {"share": cached + 0.001 * k, "history_share": 0.99, "per_turn": {"2": cached}},
+                "own": {"source": "requests", "requests": {"pct": own_pct + 0.01 * k, "between_turns_ms_median": 0.5}}}
+
+    runs = 5
+    data = {"workload": {"describe": "test", "max_in_flight": 4}, "results": {
+        "episodes": {"runs": [{"tok_s": ratio * (1000 + k), "seconds": 1.0, "tokens": 100, "details": details(k)}
+                              for k in range(runs)], "error": None},
+        "generate": {"runs": [{"tok_s": 1000 + k, "seconds": 1.0, "tokens": 100} for k in range(runs)], "error": None}}}
+    (tmp_path / "saved.json").write_text(json.dumps(data))
+    return str(tmp_path / "saved.json")
+
+
+@pytest.mark.parametrize("ratio, cached, own_pct, status, verdicts", [
+    (0.9, 0.95, 1.0, "done", ["PASS", "PASS", "PASS"]),
+    (0.5, 0.5, 9.0, "done", ["FAIL", "FAIL", "FAIL"]),
+    (0.9, 0.95, 1.0, "max_turns", ["FAIL", "PASS", "PASS"]),  # episodes that did not end as built: wrong
+])
+def test_episodes_bench_report_judges_the_three_targets(tmp_path: Path, capsys, ratio, cached, own_pct, status,
+                                                         verdicts) -> None:
+    eb = _episodes_bench()
+    record = C.Record.load(_episodes_saved(tmp_path, ratio, cached, own_pct, status), out=str(tmp_path / "again.json"))
+    eb.report(record)
+    assert [t["verdict"] for t in record["targets"]] == verdicts
+    assert record["summary"]["ratio"] == pytest.approx(ratio)
+    out = capsys.readouterr().out
+    assert "episodes / generate" in out and "rlgen_s is not in the records" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "episodes.py"
+    out = tmp_path / "episodes.json"
+    done = subprocess.run([sys.executable, str(script), "--backend", "cpu", "--quick", "--prompts", "1",
+                           "--turns", "2", "--turn-tokens", "2", "--repeats", "3", "--model", model_path, "--out", str(out)],
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["complete"] and "error" not in data
+    episodes, generate = data["results"]["episodes"], data["results"]["generate"]
+    assert len(episodes["runs"]) == len(generate["runs"]) == 3 and not episodes["error"] and not generate["error"]
+    for run in episodes["runs"]:
+        d = run["details"]
+        assert d["statuses"] == {"done": 2} and d["short_episodes"] == 0 and d["requests"] == 4  # 2 episodes x 2 turns
+        assert run["tokens"] == 8 and d["own"]["source"] in ("requests", "rlgen_s") and d["cache"]["share"] > 0
+        assert len(d["per_episode"]["own_s"]) == 2 and None not in d["per_episode"]["own_s"]
+    assert all(r["tokens"] == 8 for r in generate["runs"])
+    assert [t["target"].split(" ")[0] for t in data["targets"]] == ["episodes", "prefix-cache", "rlgen's"]
+    assert all(t["interval"] is not None for t in data["targets"])  # three repeats: intervals to judge on
+    assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
+    assert "targets" in done.stdout and "episodes / one generate" in done.stdout

@@ -1,0 +1,478 @@
+"""Multi-turn episodes: `Engine.episodes` against one single-turn `generate` of the same sampled tokens.
+
+Not a test. Owns the episodes benchmark: its workload (chat prompts, an environment that answers
+every assistant turn with one fixed short user message and ends after `--turns` turns, each turn
+sampling exactly `--turn-tokens` tokens with ignore_eos), the two timed methods, the per-run
+analysis of the episodes' records (prefix cache, rlgen's own time per turn) and the report. It also
+owns `RequestLog`, a wrapper of the Engine's HTTP client that timestamps every /generate request of
+an episodes call (scripts/gpu/episodes_check.py uses it too). Starts ONE server with
+`rlgen.Engine(model, backend=...)`, then, interleaved (`_common.run_interleaved`: one warm-up each,
+then every repeat runs both methods in a shuffled order, each after a prefix-cache flush):
+
+    episodes   eng.episodes(chats, env=<fixed reply>, n=N, max_turns=T, max_new_tokens=K,
+               ignore_eos=True, temperature=1, max_in_flight=<all episodes>) and its .df
+    generate   eng.generate(<the same chats' first-turn ids>, n=N, max_new_tokens=T*K,
+               ignore_eos=True, temperature=1, cache=False) and its .df: the same sampled tokens
+               in ONE single-turn call (rlgen's default chunking)
+
+Default sizes: 64 prompts x n=4 = 256 episodes x 4 assistant turns x 64 tokens (65,536 sampled
+tokens per run, both methods); --quick: 2 prompts x 2 x 4 turns x 4 tokens (a smoke run on the
+CPU backend: its numbers mean nothing).
+
+Measured, per timed run (every repeat's raw numbers go to the JSON):
+
+    tok_s            sampled tokens / wall time of the call (both methods)
+    cached share     sum(cached_tokens) / sum(prompt_tokens) over the requests of turns 2..T
+                     (the prefix cache serving each turn's history); `history_share` divides by
+                     the tokens the previous request sent and sampled instead (the part a cache
+                     can hold at all)
+    rlgen's own time per turn, outside the server, as a share of the episode's wall time:
+                     from the turns' `rlgen_s` when the runner records it; else (and always, for
+                     comparison) from `RequestLog`: per episode, the time before its first request
+                     (since the call began) plus, between turns, the time from an answer's arrival
+                     to the next request's send, less the environment's step (`latency_s` of the
+                     env turn). The episode's wall time is the call's start to its last answer.
+                     Inside a request's span (and so counted as the server's) are rlgen's HTTP
+                     client's request encoding and answer decoding: `transport` (the span less
+                     SGLang's `e2e_latency`) is reported beside it.
+
+Targets, judged on 90% bootstrap intervals (`_common.Targets.check_interval`: PASS, FAIL, or NOISE
+when the interval straddles the bound):
+
+    episodes / generate, sampled tokens/s          >= 0.8x
+    cached share of turns 2..T                     >= 90%
+    rlgen's own time, % of the episode's wall time  < 5%
+
+    python bench/episodes.py --backend sglang --out episodes_bench.json        # the GPU machine
+    python bench/episodes.py --backend cpu --quick --out /tmp/episodes.json    # smoke test anywhere
+    python bench/episodes.py --report-only episodes_bench.json --out again.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import _common as C
+
+SIZES: dict[str, dict[str, int]] = {
+    "full": {"prompts": 64, "n": 4, "turns": 4, "turn_tokens": 64, "warmup_prompts": 8},
+    "quick": {"prompts": 2, "n": 2, "turns": 4, "turn_tokens": 4, "warmup_prompts": 1},
+}
+REPEATS = 11  # a run of each method takes 1-3 s on the H200 (65k tokens)
+REPLY = "Continue."
+TARGET_RATIO, TARGET_CACHED, TARGET_OWN_PCT = 0.8, 0.9, 5.0
+METHODS = ("episodes", "generate")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload
+
+
+def chats(count: int, *, seed: int = 5) -> list[list[dict[str, str]]]:
+    """`count` one-message chats from _common's question templates (fixed seed)."""
+    rng = random.Random(seed)
+    return [[{"role": "user", "content": C._TEMPLATES[i % len(C._TEMPLATES)](rng)}] for i in range(count)]
+
+
+def fixed_reply(turns: int) -> Callable[[list[dict[str, Any]]], Any]:
+    """The environment: `REPLY` after every assistant turn, "done" after the `turns`-th (async: no
+    worker thread per step, so its cost is the runner's and nothing else)."""
+    async def env(messages: list[dict[str, Any]]) -> str:
+        return "done" if sum(m["role"] == "assistant" for m in messages) >= turns else REPLY
+
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Timestamps of an episodes call's requests
+
+
+class RequestLog:
+    """Wraps an Engine's HTTP client (`eng._client`) while `installed`: every /generate request is
+    timed (send, answer) and keyed by hash(input_ids + output_ids), which is the episode's ids up to
+    the end of that turn's sampled tokens, so that requests are matched to records afterwards
+    whatever list objects the runner passed. Also counts requests in flight (`peak`)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        # (sent, answered, key, input length, output length, SGLang's e2e_latency or None)
+        self.entries: list[tuple[float, float, int, int, int, float | None]] = []
+        self.in_flight = 0
+        self.peak = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def generate(self, payload: dict[str, Any]) -> Any:
+        ids = payload.get("input_ids")
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        sent = time.perf_counter()
+        try:
+            answer = await self._client.generate(payload)
+        finally:
+            self.in_flight -= 1
+        answered = time.perf_counter()
+        one = answer[0] if isinstance(answer, list) and len(answer) == 1 else answer
+        out = one.get("output_ids") if isinstance(one, dict) else None
+        if isinstance(ids, list) and isinstance(out, list):
+            meta = one.get("meta_info") or {}
+            e2e = meta.get("e2e_latency")
+            self.entries.append((sent, answered, hash((*ids, *out)), len(ids), len(out),
+                                 float(e2e) if isinstance(e2e, (int, float)) else None))
+        return answer
+
+    @contextmanager
+    def installed(self, eng: Any) -> Iterator[RequestLog]:
+        """`eng._client` is this log for the block (the Engine's own client again after it)."""
+        original = eng._client
+        eng._client = self
+        try:
+            yield self
+        finally:
+            eng._client = original
+
+
+def _assistant_spans(roles: Sequence[str]) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    for i, role in enumerate(roles):
+        if role != "assistant":
+            continue
+        if spans and spans[-1][1] == i:
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def episode_times(records: Sequence[Any], log: RequestLog | None, t0: float) -> list[dict[str, Any] | None]:
+    """Per record (None where its requests cannot all be found in `log`): `sent` and `answered`
+    times of each assistant turn's request since `t0`, the `env_s` of the environment step after
+    each turn, `before_first_s`, `between_s` (answer to the next send, less the environment's step,
+    per gap), `own_s` (their sum), `wall_s` (t0 to the last answer) and `transport_s` per turn
+    (request span less SGLang's e2e_latency, where it said)."""
+    if log is None:
+        return [None] * len(records)
+    by_key: dict[int, list[tuple[float, float, int, int, int, float | None]]] = {}
+    for entry in log.entries:
+        by_key.setdefault(entry[2], []).append(entry)
+    out: list[dict[str, Any] | None] = []
+    for r in records:
+        spans = _assistant_spans(r.roles)
+        found = []
+        for _, end in spans:
+            candidates = by_key.get(hash(tuple(r.ids[:end])))
+            if not candidates:
+                break
+            found.append(candidates.pop(0))
+        env_turns = [t for t in r.turns if t.get("role") == "env"]
+        if not spans or len(found) != len(spans):
+            out.append(None)
+            continue
+        sent = [e[0] - t0 for e in found]
+        answered = [e[1] - t0 for e in found]
+        env_s = [float(t.get("latency_s") or 0.0) for t in env_turns]
+        between = [sent[k + 1] - answered[k] - (env_s[k] if k < len(env_s) else 0.0) for k in range(len(found) - 1)]
+        out.append({"sent": sent, "answered": answered, "env_s": env_s, "before_first_s": sent[0], "between_s": between,
+                    "own_s": sent[0] + sum(between), "wall_s": answered[-1],
+                    "transport_s": [e[1] - e[0] - e[5] if e[5] is not None else None for e in found]})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-run analysis
+
+
+def cache_shares(records: Sequence[Any]) -> dict[str, Any]:
+    """The prefix cache over the requests of turns 2.. (all episodes of one run): cached / prompt
+    tokens sent, cached / history tokens (the previous request's prompt and sampled tokens), and
+    the cached share per turn index."""
+    cached = prompt = history = 0
+    per_turn: dict[int, list[int]] = {}
+    for r in records:
+        turns = [t for t in r.turns if t.get("role") == "assistant"]
+        for k in range(1, len(turns)):
+            c, p = int(turns[k].get("cached_tokens") or 0), int(turns[k].get("prompt_tokens") or 0)
+            cached, prompt = cached + c, prompt + p
+            history += int(turns[k - 1].get("prompt_tokens") or 0) + int(turns[k - 1].get("tokens") or 0)
+            per_turn.setdefault(k + 1, [0, 0])
+            per_turn[k + 1][0] += c
+            per_turn[k + 1][1] += p
+    return {"cached_tokens": cached, "prompt_tokens": prompt, "history_tokens": history,
+            "share": cached / prompt if prompt else None, "history_share": cached / history if history else None,
+            "per_turn": {str(k): c / p if p else None for k, (c, p) in sorted(per_turn.items())}}
+
+
+def own_time(records: Sequence[Any], times: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """rlgen's own time: from the turns' `rlgen_s` (source "rlgen_s") when they have it, and from
+    the request timestamps (source "requests"); each as total seconds, % of the episodes' summed
+    wall time, the median per episode and per turn."""
+    out: dict[str, Any] = {}
+    timed = [(r, t) for r, t in zip(records, times) if t is not None]
+    out["episodes_timed"] = len(timed)
+    if timed:
+        own = [t["own_s"] for _, t in timed]
+        wall = [t["wall_s"] for _, t in timed]
+        gaps = [g for _, t in timed for g in t["between_s"]]
+        transport = [x for _, t in timed for x in t["transport_s"] if x is not None]
+        out["requests"] = {
+            "own_s": sum(own), "wall_s": sum(wall), "pct": 100 * sum(own) / sum(wall) if sum(wall) > 0 else None,
+            "episode_pct_median": statistics.median(100 * o / w for o, w in zip(own, wall) if w > 0) if any(wall) else None,
+            "before_first_ms_median": 1e3 * statistics.median(t["before_first_s"] for _, t in timed),
+            "between_turns_ms_median": 1e3 * statistics.median(gaps) if gaps else None,
+            "between_turns_ms_p90": 1e3 * sorted(gaps)[int(0.9 * (len(gaps) - 1))] if gaps else None,
+            "transport_ms_median": 1e3 * statistics.median(transport) if transport else None,
+            "wall_s_median": statistics.median(wall),
+        }
+    with_field = [r for r in records if any(t.get("rlgen_s") is not None for t in r.turns)]
+    if with_field:
+        per_episode = [sum(float(t["rlgen_s"]) for t in r.turns if t.get("rlgen_s") is not None) for r in with_field]
+        per_turn = [float(t["rlgen_s"]) for r in with_field for t in r.turns if t.get("rlgen_s") is not None]
+        stamped = {id(rec): x for rec, x in zip(records, times) if x is not None}
+        walls: list[float] = []
+        for r, spent in zip(with_field, per_episode):
+            if id(r) in stamped:
+                walls.append(stamped[id(r)]["wall_s"])
+            else:  # no timestamps: the episode's own spans, a lower bound of its wall time
+                walls.append(sum(float(x.get("latency_s") or 0.0) for x in r.turns) + spent)
+        out["rlgen_s"] = {"own_s": sum(per_episode), "wall_s": sum(walls),
+                          "pct": 100 * sum(per_episode) / sum(walls) if sum(walls) > 0 else None,
+                          "per_turn_ms_median": 1e3 * statistics.median(per_turn)}
+    out["source"] = "rlgen_s" if with_field else ("requests" if timed else None)
+    return out
+
+
+def analyse(records: Sequence[Any], log: RequestLog | None, t0: float, *, turns: int, turn_tokens: int
+            ) -> dict[str, Any]:
+    """What one episodes run shows: statuses, sampled tokens against the expected, the cache, rlgen's
+    own time (with per-episode raw numbers)."""
+    times = episode_times(records, log, t0)
+    expected = turns * turn_tokens
+    sampled = [int(r.sampled_tokens) for r in records]
+    return {
+        "episodes": len(records),
+        "statuses": dict(Counter(r.status for r in records)),
+        "turns": dict(Counter(len([t for t in r.turns if t.get("role") == "assistant"]) for r in records)),
+        "sampled_tokens": sum(sampled), "short_episodes": sum(s != expected for s in sampled),
+        "requests": len(log.entries) if log is not None else None, "peak_in_flight": log.peak if log is not None else None,
+        "cache": cache_shares(records),
+        "own": own_time(records, times),
+        "per_episode": {"own_s": [round(t["own_s"], 6) if t else None for t in times],
+                        "wall_s": [round(t["wall_s"], 6) if t else None for t in times],
+                        "between_s": [[round(g, 6) for g in t["between_s"]] if t else None for t in times]},
+    }
+
+
+def wrong_outcome(details: Sequence[dict[str, Any]], expected_statuses: str = "done") -> str | None:
+    """Why the episode runs measured the wrong thing (episodes not all ending as expected, or short of
+    the expected tokens), else None."""
+    problems = []
+    for i, d in enumerate(details):
+        bad = {s: n for s, n in d["statuses"].items() if s != expected_statuses}
+        if bad:
+            problems.append(f"run {i}: statuses {bad}")
+        if d["short_episodes"]:
+            problems.append(f"run {i}: {d['short_episodes']} episodes short of the expected tokens")
+    return "; ".join(problems[:3]) if problems else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+
+def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
+    import rlgen
+    from rlgen.episodes import first_prompt_ids
+
+    size = record["sizes"]
+    T, K = size["turns"], size["turn_tokens"]
+    C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
+    t0 = time.monotonic()
+    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
+    try:
+        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng.info.get("command"),
+                            "max_total_num_tokens": eng.server_info.get("max_total_num_tokens")}
+        C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url}")
+        prompts = chats(size["prompts"])
+        ids = [first_prompt_ids(eng.tokenizer, chat) for chat in prompts]
+        n_ep = size["prompts"] * size["n"]
+        max_in_flight = args.max_in_flight or n_ep
+        wl = C.Workload(name="episodes", prompts=ids,
+                        options={"max_new_tokens": T * K, "temperature": 1.0, "ignore_eos": True}, n=size["n"],
+                        describe=f"{size['prompts']} chat prompts x n={size['n']} = {n_ep} episodes x {T} turns "
+                                 f"x {K} tokens (ignore_eos, T=1); generate: the same prompts, {T * K} tokens")
+        record["workload"] = {**wl.summary(), "max_in_flight": max_in_flight, "reply": REPLY,
+                              "first_prompt_tokens": [len(p) for p in ids]}
+        record.save()
+        env = fixed_reply(T)
+        pending: dict[str, Any] = {}
+
+        def run_episodes(w: C.Workload) -> C.Served:
+            log = RequestLog(eng._client)
+            start = time.perf_counter()
+            with log.installed(eng):
+                res = eng.episodes(prompts[: len(w.prompts)], env=env, n=w.n, max_turns=T, max_new_tokens=K,
+                                   temperature=1.0, ignore_eos=True, progress=False, max_in_flight=max_in_flight)
+            df = res.df
+            pending["last"] = ("episodes", res, log, start)  # its records are read after the timing
+            return C.Served(int(df["sampled_tokens"].sum()))
+
+        def run_generate(w: C.Workload) -> C.Served:
+            res = eng.generate(w.prompts, n=w.n, progress=False, cache=False, **w.options)
+            df = res.df
+            pending["last"] = ("generate", None, None, 0.0)
+            return C.Served(int(df["completion_tokens"].sum()), C.server_span(df["request_latency_s"].tolist()))
+
+        def after_each(partial: dict[str, Any]) -> None:
+            name, res, log, start = pending.pop("last", (None, None, None, 0.0))
+            if name == "episodes" and partial["episodes"]["runs"]:
+                partial["episodes"]["runs"][-1]["details"] = analyse(res.records, log, start, turns=T, turn_tokens=K)
+            record["results"] = partial
+            record.save()
+
+        methods = {"episodes": run_episodes, "generate": run_generate}
+        record["results"] = C.run_interleaved(methods, wl, repeats=C.repeats_of(args),
+                                              warmup=wl.head(size["warmup_prompts"]),
+                                              before_each=lambda: C.flush_cache(eng.url), after_each=after_each)
+        record.save()
+    finally:
+        C.log("closing the server")
+        eng.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _interval_of(values: Sequence[float]) -> tuple[float, float] | None:
+    return C.bootstrap_median(values) if len(values) >= 3 else None
+
+
+def _span(iv: tuple[float, float] | None, spec: str = ".3f") -> str:
+    return f"{iv[0]:{spec}}-{iv[1]:{spec}}" if iv else "-"
+
+
+def report(record: C.Record) -> None:
+    results: dict[str, Any] = record.data.get("results") or {}
+    if not results:
+        print("nothing was measured" + (f": {record.data['error']}" if record.data.get("error") else ""), flush=True)
+        return
+    workload = record.data.get("workload") or {}
+    print(f"\nworkload: {workload.get('describe')}; max_in_flight {workload.get('max_in_flight')}", flush=True)
+    rows = []
+    for name in METHODS:
+        runs = (results.get(name) or {}).get("runs") or []
+        toks = [r["tok_s"] for r in runs]
+        rows.append([name, str(len(runs)), C.fmt(C.median_or_none(toks)), _span(_interval_of(toks), ",.0f"),
+                     C.fmt(C.median_or_none([r["seconds"] for r in runs]), ".3f"),
+                     C.fmt(C.median_or_none([r["tokens"] for r in runs]))])
+    C.print_table("sampled tokens/s (medians of interleaved runs, each after a prefix-cache flush; 90% bootstrap "
+                  "interval of the median)", ["method", "runs", "tok/s", "interval", "wall s", "tokens"], rows)
+    for name in METHODS:
+        if (results.get(name) or {}).get("error"):
+            print(f"  ERROR {name}: {results[name]['error']}", flush=True)
+
+    details = [r["details"] for r in (results.get("episodes") or {}).get("runs") or [] if r.get("details")]
+    cached = [d["cache"]["share"] for d in details if d["cache"]["share"] is not None]
+    history = [d["cache"]["history_share"] for d in details if d["cache"]["history_share"] is not None]
+    source = next((d["own"]["source"] for d in details if d["own"].get("source")), None)
+    own_pct = [d["own"][source]["pct"] for d in details if source and d["own"].get(source, {}).get("pct") is not None]
+    req = [d["own"]["requests"] for d in details if d["own"].get("requests")]
+    per_turn_rows = []
+    for i, d in enumerate(details):
+        rq = d["own"].get("requests") or {}
+        rs = d["own"].get("rlgen_s") or {}
+        per_turn_rows.append([
+            str(i), ",".join(f"{k}={v}" for k, v in d["statuses"].items()), str(d["peak_in_flight"]),
+            C.fmt(d["cache"]["share"], ".3f"), C.fmt(d["cache"]["history_share"], ".3f"),
+            " ".join(C.fmt(v, ".2f") for v in d["cache"]["per_turn"].values()),
+            C.fmt(rq.get("pct"), ".2f"), C.fmt(rq.get("before_first_ms_median"), ".1f"),
+            C.fmt(rq.get("between_turns_ms_median"), ".2f"), C.fmt(rq.get("between_turns_ms_p90"), ".2f"),
+            C.fmt(rq.get("transport_ms_median"), ".2f"), C.fmt(rs.get("pct"), ".2f"),
+            C.fmt(rs.get("per_turn_ms_median"), ".2f")])
+    if details:
+        C.print_table(
+            "episodes, per timed run: cached = cached/prompt tokens of turns 2..; history = cached/(previous prompt + "
+            "sampled); per turn: turn 2, 3, ...; own %: rlgen's own time / episode wall (from request timestamps); "
+            "first ms: call start to an episode's first request (median); gap ms: answer to next request less the "
+            "env step (median, p90); transport ms: request span less SGLang's e2e_latency (JSON + HTTP, counted as "
+            "the server's); rlgen_s: the runner's own timing, where the records have it",
+            ["run", "statuses", "peak", "cached", "history", "per turn", "own %", "first ms", "gap ms", "gap p90",
+             "transport ms", "rlgen_s %", "rlgen_s ms/turn"], per_turn_rows)
+    note = {"rlgen_s": "from the turns' rlgen_s (the runner's own timing)",
+            "requests": "rlgen_s is not in the records: measured from request timestamps (RequestLog): the time "
+                        "before an episode's first request plus answer-to-next-request gaps, less the environment; "
+                        "the HTTP client's encode/decode counts as the server's",
+            None: "not measured"}[source]
+    print(f"  rlgen's own time: {note}", flush=True)
+
+    comparison = C.compare(results, "episodes", ["generate"]) if all(
+        (results.get(m) or {}).get("runs") for m in METHODS) else None
+    record["comparison"] = comparison
+    record["summary"] = {
+        "ratio": comparison["ratio"] if comparison else None, "ratio_interval": comparison["interval"] if comparison else None,
+        "cached_share": C.median_or_none(cached), "cached_share_interval": _interval_of(cached),
+        "history_share": C.median_or_none(history), "own_source": source,
+        "own_pct": C.median_or_none(own_pct), "own_pct_interval": _interval_of(own_pct),
+        "between_turns_ms": C.median_or_none([r["between_turns_ms_median"] for r in req]),
+    }
+    if comparison:
+        print(f"\n  episodes / generate: {C.fmt(comparison['ratio'], '.3f')}x "
+              f"[{_span(comparison['interval'])}], rank test p {C.fmt(comparison['p'], '.3f')}, "
+              f"runs {comparison['runs'][0]} vs {comparison['runs'][1]}", flush=True)
+
+    print("\ntargets", flush=True)
+    targets = C.Targets()
+    wrong = wrong_outcome(details)
+    if comparison:
+        targets.check_interval("episodes / one generate of the same sampled tokens (tok/s)", comparison["ratio"],
+                               comparison["interval"], TARGET_RATIO, wrong=wrong)
+    targets.check_interval("prefix-cache share of turns 2..T's prompt tokens", C.median_or_none(cached),
+                           _interval_of(cached), TARGET_CACHED, unit="")
+    targets.check_interval(f"rlgen's own time per episode, % of its wall time ({source or 'not measured'})",
+                           C.median_or_none(own_pct), _interval_of(own_pct), TARGET_OWN_PCT, op="<", unit="%")
+    record["targets"] = targets.rows
+
+
+def main() -> None:
+    ap = C.base_parser(__doc__, repeats=REPEATS)
+    ap.add_argument("--prompts", type=int, default=None, help="chat prompts (default 64; 2 with --quick)")
+    ap.add_argument("--n", type=int, default=None, help="episodes per prompt (default 4; 2 with --quick)")
+    ap.add_argument("--turns", type=int, default=None, help="assistant turns per episode (default 4)")
+    ap.add_argument("--turn-tokens", type=int, default=None, help="tokens per turn, K (default 64; 4 with --quick)")
+    ap.add_argument("--max-in-flight", type=int, default=None, help="episodes' requests in flight (default: all)")
+    C.add_report_only(ap)
+    args = ap.parse_args()
+    if C.reported_again(args, report):
+        return
+    if args.backend == "sglang":
+        C.site_flags()  # before the launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
+    model = C.model_path(args.model)
+    record = C.Record(args.out, args, "bench/episodes.py")
+    size = dict(SIZES["quick" if args.quick else "full"])
+    for key in ("prompts", "n", "turns", "turn_tokens"):
+        if getattr(args, key) is not None:
+            size[key] = getattr(args, key)
+    size["warmup_prompts"] = min(size["warmup_prompts"], size["prompts"])
+    record.data.update(model=model, sizes=size, results={})
+    record.save()
+    try:
+        measure(args, model, record)
+    except Exception as err:  # report what there is
+        record["error"] = f"{type(err).__name__}: {err}"
+        C.log(f"FAILED: {record['error']}")
+    report(record)
+    record.save(complete=True)
+    C.log(f"wrote {os.path.abspath(args.out)}")
+
+
+if __name__ == "__main__":
+    main()
