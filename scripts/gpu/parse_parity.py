@@ -102,7 +102,7 @@ CASES: list[tuple[str, str, bool]] = [
 def post(url: str, path: str, body: Any, *, timeout: float = 30.0) -> tuple[int, Any]:
     """POST JSON with plain http.client (no proxy between us and a loopback server); (status, decoded body)."""
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
     try:
         conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
