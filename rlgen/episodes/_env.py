@@ -20,8 +20,11 @@ Owns: turning what the user passes as `env=` into one object the episode runner 
 Every step is an `EnvReply`: the new messages, whether the episode is done, and a failure status
 that ends the episode (the others go on): "env_error" (the environment raised; `traceback` kept),
 "env_timeout" (a step outlived `timeout`; a sync step's thread cannot be stopped and is left to
-finish on its own, an `async def` step is cancelled), "bad_env_return" (it returned something other
-than the above: the error says what came back and what is expected).
+finish on its own, an `async def` step is cancelled; neither is waited for), "bad_env_return" (it
+returned something other than the above: the error says what came back and what is expected). A
+step runs as `_tools.run_contained` runs a tool: a sync one in a daemon thread of its own, so hung
+steps never hold back the next ones; SystemExit is an "env_error" too. Making a class's or a
+factory's instance is contained the same way.
 
 Knows nothing about servers, HTTP, token ids, chat templates, sampling, rollouts or the Engine: it
 takes messages and data and returns messages and statuses.
@@ -29,16 +32,14 @@ takes messages and data and returns messages and statuses.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import time
-import traceback as tb
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._tool_calls import ToolCallParser, parse_tool_calls
-from ._tools import Tool, acall_tool, tools_from
+from ._tools import Tool, acall_tool, run_contained, tools_from
 
 __all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "tool_env"]
 
@@ -102,38 +103,34 @@ def normalise_return(value: Any, *, what: str = "the environment") -> EnvReply:
         if not isinstance(item, Mapping):
             return EnvReply(status="bad_env_return", error=f"{where} {_describe(item)}; expected {_EXPECTED}")
         role, content = item.get("role"), item.get("content")
+        if "role" not in item:
+            return EnvReply(status="bad_env_return",
+                            error=f"{where} {_describe(item)}, a dict without a 'role'; expected {_EXPECTED}")
         if role not in ENV_ROLES:
             return EnvReply(status="bad_env_return",
                             error=f"{where} a message with role {role!r}; an environment's message has role "
-                                  f"'user', 'tool' or 'system' (the model writes the 'assistant' turns)")
+                                  f"'user', 'tool' or 'system' (the model writes the 'assistant' turns); "
+                                  f"expected {_EXPECTED}")
         if not isinstance(content, str):
             return EnvReply(status="bad_env_return",
                             error=f"{where} a {role!r} message whose content is {_describe(content)}; "
-                                  "expected a str")
+                                  f"expected a str: {_EXPECTED}")
         messages.append(dict(item))
     return EnvReply(messages)
 
 
 async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: float | None, what: str) -> EnvReply:
-    """Call `fn(*args)` (sync in a worker thread, `async def` awaited) and normalise what it returns;
-    an exception is "env_error" (with the traceback), outliving `timeout` is "env_timeout"."""
-    t0 = time.perf_counter()
-    try:
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
-            pending: Any = fn(*args)
-        else:
-            pending = asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args))
-        value = await asyncio.wait_for(pending, timeout)
-        if inspect.isawaitable(value):  # a plain function that returned a coroutine
-            value = await asyncio.wait_for(value, timeout)
-    except asyncio.TimeoutError:
-        return EnvReply(status="env_timeout", seconds=time.perf_counter() - t0,
+    """Call `fn(*args)` (sync in a daemon thread of its own, `async def` as a task; `run_contained`)
+    and normalise what it returns; an exception is "env_error" (with the traceback), outliving
+    `timeout` is "env_timeout" (the call is then given up, not waited for)."""
+    ran = await run_contained(fn, args, timeout=timeout)
+    if ran.timed_out:
+        return EnvReply(status="env_timeout", seconds=ran.seconds,
                         error=f"TimeoutError: {what} did not finish within {timeout:g} s (env_timeout=)")
-    except Exception as e:
-        return EnvReply(status="env_error", error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0,
-                        traceback="".join(tb.format_exception(e)))
-    reply = normalise_return(value, what=what)
-    reply.seconds = time.perf_counter() - t0
+    if ran.error is not None:
+        return EnvReply(status="env_error", error=ran.error_text, seconds=ran.seconds, traceback=ran.traceback)
+    reply = normalise_return(ran.value, what=what)
+    reply.seconds = ran.seconds
     return reply
 
 
@@ -279,12 +276,16 @@ class Environment:
     async def new(self) -> EpisodeEnv | EnvReply:
         if self.kind in ("function", "tools"):
             return self.make()  # type: ignore[no-any-return]
-        t0 = time.perf_counter()
-        try:
-            obj = self.make()
-        except Exception as e:
-            return EnvReply(status="env_error", error=f"{type(e).__name__}: {e} (making the episode's environment)",
-                            traceback="".join(tb.format_exception(e)), seconds=time.perf_counter() - t0)
+        # a class or factory may take a while (a dataset, a sandbox): contained like a step, off the loop
+        ran = await run_contained(self.make, timeout=self.timeout)
+        if ran.timed_out:
+            return EnvReply(status="env_timeout", seconds=ran.seconds,
+                            error=f"TimeoutError: making the episode's environment ({_name(self.make)}) did not "
+                                  f"finish within {self.timeout:g} s (env_timeout=)")
+        if ran.error is not None:
+            return EnvReply(status="env_error", error=f"{ran.error_text} (making the episode's environment)",
+                            traceback=ran.traceback, seconds=ran.seconds)
+        obj = ran.value
         if isinstance(obj, EpisodeEnv):
             return obj
         if not callable(getattr(obj, "step", None)):

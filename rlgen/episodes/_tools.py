@@ -32,11 +32,18 @@ A parameter without a type hint is an error (TypeError naming it), as in transfo
 "string" would tell the model to send text to a function that may want a number. `*args` and
 `**kwargs` are errors too: the model calls tools with named arguments only.
 
-Calls run contained, as reward functions do in `rlgen.rewards`' thread mode (`run_calls(mode="thread")`,
-reused here): exceptions become "tool_error" with the traceback, a call that outlives `timeout` becomes
-"tool_timeout". **A timed-out call cannot be killed**: Python cannot stop a thread, so the call goes on
-in its daemon thread until it returns on its own (an `async def` tool is cancelled instead, which stops
-it at its next await). The episode ends with that status; the stray thread is not waited for.
+Calls run contained: `call_tool` as reward functions do in `rlgen.rewards`' thread mode
+(`run_calls(mode="thread")`, reused here), `acall_tool` through `run_contained`, which this module
+owns for the environment's steps too (`_env`): a plain function runs in a daemon thread of its own
+(never in asyncio's default executor, whose few threads a hung call would hold: the next calls
+queued behind it and timed out without having started, and `asyncio.run()` and interpreter exit
+joined it), an `async def` one as a task of its own. Exceptions become "tool_error" with the
+traceback (SystemExit and KeyboardInterrupt too: out of a task they would stop the event loop that
+runs every episode), a call that outlives `timeout` becomes "tool_timeout". **A timed-out call
+cannot be killed**: Python cannot stop a thread, so the call goes on in its daemon thread until it
+returns on its own (an `async def` tool is cancelled instead, which stops it at its next await; one
+that ignores the cancellation is left running). Either way nothing waits for it past the timeout:
+the episode ends with that status, and the stray call no longer counts against `MAX_THREADS`.
 """
 
 from __future__ import annotations
@@ -45,15 +52,18 @@ import asyncio
 import inspect
 import json
 import re
+import threading
 import time
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from ..rewards._exec import Call, run_calls
 
-__all__ = ["Tool", "ToolResult", "ToolStatus", "acall_tool", "call_tool", "tool_schema", "tools_from"]
+__all__ = ["MAX_THREADS", "Ran", "Tool", "ToolResult", "ToolStatus", "acall_tool", "call_tool", "run_contained",
+           "tool_schema", "tools_from"]
 
 ToolStatus = Literal["ok", "tool_error", "tool_timeout", "bad_arguments", "not_serialisable"]
 
@@ -336,31 +346,20 @@ def call_tool(tool: Tool | Callable[..., Any], arguments: Any, *, timeout: float
 
 async def acall_tool(tool: Tool | Callable[..., Any], arguments: Any, *, timeout: float | None = 30.0) -> ToolResult:
     """`call_tool` for code that runs on an event loop: an `async def` tool is awaited here (and
-    cancelled at the timeout), a plain one runs in a worker thread (given up, not stopped, at the
-    timeout). The same statuses as `call_tool`."""
-    import traceback as tb
-
+    cancelled at the timeout), a plain one runs in a daemon thread of its own (given up, not stopped,
+    at the timeout); see `run_contained`. The same statuses as `call_tool`."""
     fn, bad = _bind(tool, arguments)
     if bad is not None:
         return bad
-    t0 = time.perf_counter()
-    if inspect.iscoroutinefunction(fn):
-        pending: Any = fn(**arguments)
-    else:
-        pending = asyncio.get_running_loop().run_in_executor(None, lambda: fn(**arguments))
-    try:
-        value = await asyncio.wait_for(pending, timeout)
-        if inspect.isawaitable(value):  # a plain function that returned a coroutine
-            value = await asyncio.wait_for(value, timeout)
-    except asyncio.TimeoutError:
-        how = "the coroutine was cancelled" if inspect.iscoroutinefunction(fn) else \
-            "a thread cannot be stopped: the call goes on until it returns"
+    ran = await run_contained(fn, kwargs=dict(arguments), timeout=timeout)
+    if ran.timed_out:
+        how = "a thread cannot be stopped: the call goes on until it returns" if ran.in_thread else \
+            "the coroutine was cancelled"
         return ToolResult("tool_timeout", error=f"TimeoutError: did not finish within {timeout:g} s; {how}",
-                          seconds=time.perf_counter() - t0)
-    except Exception as e:
-        return ToolResult("tool_error", error=f"{type(e).__name__}: {e}", traceback="".join(tb.format_exception(e)),
-                          seconds=time.perf_counter() - t0)
-    return _serialised(value, time.perf_counter() - t0)
+                          seconds=ran.seconds)
+    if ran.error is not None:
+        return ToolResult("tool_error", error=ran.error_text, traceback=ran.traceback, seconds=ran.seconds)
+    return _serialised(ran.value, ran.seconds)
 
 
 def _bind(tool: Tool | Callable[..., Any], arguments: Any) -> tuple[Callable[..., Any], ToolResult | None]:
@@ -383,6 +382,159 @@ def _serialised(value: Any, seconds: float) -> ToolResult:
         return ToolResult("ok", text=value, value=value, seconds=seconds)
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # TypeError, ValueError (NaN, a cycle), RecursionError (too deep), a broken __iter__
         return ToolResult("not_serialisable", value=value, error=f"{type(e).__name__}: {e}", seconds=seconds)
     return ToolResult("ok", text=text, value=value, seconds=seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Contained calls on an event loop (tools here, the environment's steps in `_env`)
+
+# Plain functions running at once per event loop, each in a daemon thread of its own; more wait for
+# a slot (before their timeout starts). A call given up at its timeout frees its slot though its
+# thread goes on, so hung calls never hold back the next ones.
+MAX_THREADS = 256
+
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What `run_contained` saw: the value, or the exception raised (any but a cancellation of the
+    caller: SystemExit too), or `timed_out`; the call's wall time; whether it ran in a thread."""
+
+    value: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    in_thread: bool = False
+
+    @property
+    def error_text(self) -> str | None:
+        return None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+
+    @property
+    def traceback(self) -> str | None:
+        import traceback as tb
+
+        return None if self.error is None else "".join(tb.format_exception(self.error))
+
+
+class _Raised(Exception):
+    """A SystemExit or KeyboardInterrupt raised by user code, carried as an Exception: out of a task
+    (or a future's result awaited in one), asyncio re-raises those two out of the event loop."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+                        timeout: float | None) -> Ran:
+    """Call `fn(*args, **kwargs)` from a task on the running loop, contained: an `async def`
+    function (or an object whose `__call__` is one) as a task of its own, a plain one in a daemon
+    thread of its own (at most `MAX_THREADS` at once per loop); a coroutine a plain function
+    returns is awaited too, within the same `timeout`. Never raises for what `fn` does, and never
+    waits for it past `timeout`: a task is then cancelled, a thread left to finish on its own (see
+    the module docstring). Cancelling the caller gives the call up the same way."""
+    kw = dict(kwargs or {})
+    loop = asyncio.get_running_loop()
+    if _is_async(fn):
+        t0 = time.perf_counter()
+        try:
+            value = await _within(loop.create_task(_carried(lambda: fn(*args, **kw))), timeout)
+        except _TimedOut:
+            return Ran(timed_out=True, seconds=time.perf_counter() - t0)
+        except _Raised as e:
+            return Ran(error=e.error, seconds=time.perf_counter() - t0)
+        except Exception as e:
+            return Ran(error=e, seconds=time.perf_counter() - t0)
+        return Ran(value, seconds=time.perf_counter() - t0)
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(MAX_THREADS)
+    async with slots:
+        t0 = time.perf_counter()
+        try:
+            value = await _within(_in_thread(loop, fn, args, kw), timeout)
+            if inspect.isawaitable(value):  # a plain function that returned a coroutine
+                left = None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0))
+                coroutine = value
+                value = await _within(loop.create_task(_carried(lambda: coroutine)), left)
+        except _TimedOut:
+            return Ran(timed_out=True, seconds=time.perf_counter() - t0, in_thread=True)
+        except _Raised as e:
+            return Ran(error=e.error, seconds=time.perf_counter() - t0, in_thread=True)
+        except Exception as e:
+            return Ran(error=e, seconds=time.perf_counter() - t0, in_thread=True)
+        return Ran(value, seconds=time.perf_counter() - t0, in_thread=True)
+
+
+async def _carried(make: Callable[[], Awaitable[Any]]) -> Any:
+    """Await what `make()` gives, SystemExit and KeyboardInterrupt carried as `_Raised`."""
+    try:
+        return await make()
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise _Raised(e) from None
+
+
+def _in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: Sequence[Any],
+               kwargs: Mapping[str, Any]) -> asyncio.Future[Any]:
+    """A future of `fn(*args, **kwargs)` run in a new daemon thread; a future given up (cancelled)
+    before the thread ends ignores what it brings."""
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    def work() -> None:
+        value, error = None, None
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as e:  # everything, SystemExit included: reported, not raised here
+            error = e if isinstance(e, Exception) else _Raised(e)
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits for this call any more
+            pass
+
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    threading.Thread(target=work, name=f"rlgen-call-{name}", daemon=True).start()
+    return future
+
+
+async def _within(future: asyncio.Future[Any], timeout: float | None) -> Any:
+    """`future`'s result, or `_TimedOut` after `timeout` seconds; either way (and when the caller
+    is cancelled) `future` is cancelled but not waited for."""
+    try:
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+    except asyncio.CancelledError:
+        future.cancel()
+        future.add_done_callback(_forget)
+        raise
+    if not done:
+        future.cancel()
+        future.add_done_callback(_forget)
+        raise _TimedOut
+    if future.cancelled():  # the call's own CancelledError (this caller was not cancelled): its failure
+        raise _Raised(asyncio.CancelledError("the call raised CancelledError (it was not cancelled by rlgen)"))
+    return future.result()
+
+
+def _forget(future: asyncio.Future[Any]) -> None:
+    """Read a given-up future's outcome, so that asyncio does not log "exception never retrieved"."""
+    if not future.cancelled():
+        future.exception()
