@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._display import _LINE, alternative_texts, completion_html, rollouts_html, token_pieces
+from ._display import rollouts_html
+from ._token_html import LINE_STYLE, alternative_texts, completion_html, token_pieces
 
 if TYPE_CHECKING:
     from ._protocol import RolloutsView
@@ -100,7 +101,7 @@ class RolloutBrowser:
         status = f"group {self.group + 1 if n_groups else 0} of {n_groups} matching ({len(self.matching())} of {len(self.rollouts)} rows)"
         filters = self._filters_text()
         lead = f'<span style="color:#555">{html.escape(status + filters)}</span>'
-        box = f'class="rlgen-browser" style="{_LINE}"'
+        box = f'class="rlgen-browser" style="{LINE_STYLE}"'
         if row is None:
             return (f'<div {box}><div style="font-family:monospace">{lead}</div>'
                     '<div style="color:#c80">no rows match these filters</div></div>')
@@ -259,7 +260,7 @@ def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
     heat = completion_html(r, i, max_tokens=4096)
     return (
         f'<div style="margin-top:8px;font-family:monospace;color:#333">{html.escape(title)}</div>'
-        f'<div style="border:1px solid #ccc;padding:4px;max-width:100%;{_LINE}">{heat}</div>{_surprises_html(r, i)}'
+        f'<div style="border:1px solid #ccc;padding:4px;max-width:100%;{LINE_STYLE}">{heat}</div>{_surprises_html(r, i)}'
     )
 
 
@@ -278,7 +279,7 @@ def _surprises_html(r: RolloutsView, i: int) -> str:
     hint = "" if top_ids is not None else " (generate with top_logprobs=k to see what else the model considered)"
     caption = f"unlikely tokens (p &lt; {_UNLIKELY_P:g}), least likely first{html.escape(hint)}"
     if not order:
-        return (f'<div class="rlgen-rollouts" style="margin-top:6px;color:#555;{_LINE}">no unlikely tokens: '
+        return (f'<div class="rlgen-rollouts" style="margin-top:6px;color:#555;{LINE_STYLE}">no unlikely tokens: '
                 f"every token of this sample had p ≥ {_UNLIKELY_P:g}</div>")
     ids = [int(t) for t in tok["ids"]]
     pieces = token_pieces(r, ids, tok["texts"])
@@ -296,7 +297,7 @@ def _surprises_html(r: RolloutsView, i: int) -> str:
     head = "".join(f'<th style="{cell}">{h}</th>' for h in ("position", "token", "p", "top-k alternatives (p)"))
     body = "".join(rows).replace("<td>", f'<td style="{cell}">')
     return (
-        f'<div class="rlgen-rollouts" style="{_LINE}"><div style="margin-top:6px;color:#555">{caption}</div>'
+        f'<div class="rlgen-rollouts" style="{LINE_STYLE}"><div style="margin-top:6px;color:#555">{caption}</div>'
         f'<table style="border-collapse:collapse;margin-left:0;max-width:100%"><thead><tr>{head}</tr></thead>'
         f"<tbody>{body}</tbody></table></div>"
     )

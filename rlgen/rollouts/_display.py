@@ -1,22 +1,36 @@
 """Notebook and terminal display of results: how a Rollouts and an Engine look.
 
 Owns: the one-line text summary and the HTML view of a `Rollouts` (a row per sample, the prompt
-once per group, the completion as a per-token logprob heatmap after the prompt's last tokens), the
-token-level pieces the rollout browser reuses (`completion_html`, `token_pieces`,
-`alternative_texts`), and a small HTML card for an Engine. Knows nothing about generation, HTTP,
-processes or progress (`core._progress`): it reads a `Rollouts` (CPU data only, so a repr never touches
-a GPU) or an Engine's plain attributes.
+once per group, the completion as a per-token logprob heatmap after the prompt's last tokens; for
+episodes a row per episode drawn as turns by `_episode_html`), the header line and its notes
+(masking, the run record), the shared stylesheet (`VIEW_STYLE`), and a small HTML card for an
+Engine. The token-level pieces are `_token_html`'s (re-exported here for rlgen's other views).
+Knows nothing about generation, HTTP, processes or progress (`core._progress`): it reads a
+`Rollouts` (CPU data only, so a repr never touches a GPU) or an Engine's plain attributes.
 """
 
 from __future__ import annotations
 
-import colorsys
 import html
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from ..core._columns import reward_output_columns
+from ._token_html import (
+    CELL_STYLE,
+    LINE_STYLE,
+    TABLE_STYLE,
+    TEXT_STYLE,
+    alternative_texts,
+    clip_text,
+    completion_html,
+    fmt_value,
+    legend_html,
+    logprob_color,
+    piece_html,
+    prompt_tail_html,
+    token_pieces,
+)
 
 if TYPE_CHECKING:
     from ._protocol import RolloutsView
@@ -71,188 +85,9 @@ def short_repr(r: RolloutsView) -> str:
 # ----------------------------------------------------------------------------------------------
 # HTML table with a logprob heatmap
 
-# The colour scale is logarithmic in p: log10(p) from 0 (p = 1) down to -6 (p = 1e-6 and below), so
-# p = 0.05 and p = 1e-6 look different. Light tones keep dark text readable in light and dark themes.
-_LOG10_P_FLOOR = -6.0
-_LEGEND_P = ((1.0, "1"), (0.1, "0.1"), (0.01, "0.01"), (1e-4, "1e-4"), (1e-6, "≤1e-6"))
 
-
-def logprob_color(logprob: float) -> str:
-    """Background colour for a token: green for p = exp(logprob) = 1, yellow, red for p <= 1e-6.
-
-    Linear in log10(p), clamped to [-6, 0]; grey where the logprob is missing (None or NaN).
-    """
-    if logprob is None or math.isnan(logprob):
-        return "#dddddd"
-    log10_p = min(float(logprob), 0.0) / math.log(10)
-    t = 1.0 - max(log10_p, _LOG10_P_FLOOR) / _LOG10_P_FLOOR  # 1 at p = 1, 0 at p <= 1e-6
-    r, g, b = colorsys.hls_to_rgb(t / 3, 0.8, 0.75)
-    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
-
-
-def _legend_html() -> str:
-    """The colour scale as a row of swatches, one per decade-ish step of p."""
-    swatches = "".join(
-        f'<span style="background:{logprob_color(math.log(p))};color:#111;padding:0 5px">{html.escape(label)}</span>'
-        for p, label in _LEGEND_P
-    )
-    return f'<span class="rlgen-legend" style="white-space:nowrap">p = {swatches}</span>'
-
-
-def clip_text(value: Any, limit: int, *, tail: bool = False) -> str:
-    text = "" if value is None else str(value)
-    if len(text) <= limit:
-        return text
-    return "…" + text[-limit:] if tail else text[:limit] + "…"
-
-
-def _fmt(value: Any, limit: int = 60) -> str:
-    if isinstance(value, float):
-        return "NaN" if math.isnan(value) else f"{value:.4g}"
-    return clip_text(value, limit)
-
-
-def _safe_decode(r: RolloutsView, ids: list[int]) -> list[str] | None:
-    """`r.decode(ids)` if it gives one piece per id, else None: a repr must never raise."""
-    if r.decode is None or not ids:
-        return None
-    try:
-        decoded = [str(t) for t in r.decode(list(ids))]
-    except Exception:
-        return None
-    return decoded if len(decoded) == len(ids) else None
-
-
-def token_pieces(r: RolloutsView, ids: list[int], texts: list[str | None] | None) -> list[str] | None:
-    """Per-token text: the server's token texts, else `r.decode(ids)`, else None (show ids)."""
-    if texts is not None:
-        return ["" if t is None else str(t) for t in texts]
-    return _safe_decode(r, ids)
-
-
-# Special tokens as text: "<|im_end|>", "<s>", "</s>", "<unk>", "<pad>", "<eos>", "<bos>".
-_SPECIAL = re.compile(r"<\|[^\s|]{1,40}\|>|</?s>|<(?:unk|pad|eos|bos|mask)>")
-_TAG_STYLE = "color:#555;border:1px solid #999;border-radius:3px;padding:0 2px;font-size:85%"
-
-
-def piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
-    """A token's text as escaped HTML, with whitespace made visible where it would vanish.
-
-    A newline shows as "↵" then a real line break, a tab as "⇥" then the tab, a token of only
-    spaces as "·" per space; other spaces stay real spaces (so long lines wrap there). A special
-    token is a grey tag. An empty piece (bytes of a character that a later token completes) is
-    "▯"; an empty pad/EOS id (a server that gives special tokens no text) is the tag "⟨id⟩", so
-    the EOS still shows where it sits. U+FFFD (undecodable bytes) also shows as "▯".
-    """
-    if _SPECIAL.fullmatch(piece) or (not piece and token_id == pad_id):
-        return f'<span style="{_TAG_STYLE}">{html.escape(piece or f"⟨{token_id}⟩")}</span>'
-    if not piece:
-        return '<span style="color:#888">▯</span>'
-    if piece.strip(" ") == "":
-        return "·" * len(piece)
-    text = piece.replace("\ufffd", "▯").replace("\r\n", "\n").replace("\n", "↵\n").replace("\t", "⇥\t")
-    return html.escape(text)
-
-
-def alternative_texts(r: RolloutsView, top_ids: Any) -> dict[int, str]:
-    """Text of each top-k alternative id (decoded alone), for hover titles; {} without decode."""
-    unique = sorted({int(a) for row in top_ids for a in row})
-    texts: dict[int, str] = {}
-    for a in unique:
-        piece = _safe_decode(r, [a])
-        if piece is None:
-            return {}
-        texts[a] = piece[0]
-    return texts
-
-
-# The prompt's last tokens drawn before the response: an off-by-one boundary shows here.
-_PROMPT_TAIL = 3
-_TAIL_STYLE = "color:#666;background:#f3f3f3;border:1px dashed #aaa;border-radius:3px"
-_BOUNDARY = '<span title="prompt | response" style="color:#c33;font-weight:bold">│</span>'
-
-
-def _prompt_tail_html(r: RolloutsView, i: int) -> str:
-    """The prompt's last few tokens, grey and dashed (not part of the response), then "│"."""
-    # One row's prompt only: the whole result's lists would cost O(rows) per drawn row.
-    ids = [int(t) for t in r[[i]].id_lists("prompt")[0][-_PROMPT_TAIL:]] if len(r) else []
-    if not ids:
-        return ""
-    pieces = _safe_decode(r, ids)
-    spans = []
-    for j, tid in enumerate(ids):
-        body = f"{tid} " if pieces is None else piece_html(pieces[j], tid, None)
-        title = f"prompt token, id {tid}" + ("" if pieces is None else f" {pieces[j]!r}")
-        spans.append(f'<span style="{_TAIL_STYLE}" title="{html.escape(title)}">{body}</span>')
-    return '<span style="color:#888">…</span>' + "".join(spans) + _BOUNDARY
-
-
-def completion_html(r: RolloutsView, i: int, *, max_tokens: int, prompt_tail: bool = True) -> str:
-    """Row i's response as a token heatmap after the prompt's last tokens (see rollouts_html).
-
-    `prompt_tail=False` starts at the boundary mark alone: the table shows the tail once per
-    prompt group, in the prompt's cell."""
-    tok = r.tokens(i)
-    ids = [int(t) for t in tok["ids"][:max_tokens]]
-    texts = tok["texts"][:max_tokens] if tok["texts"] is not None else None
-    pieces = token_pieces(r, ids, texts)
-    pad_id = r.pad_token_id
-    lps = tok["logprobs"]
-    top_lp = tok["top_logprobs"][:max_tokens] if tok["top_logprobs"] is not None else None
-    top_ids = tok["top_ids"][:max_tokens] if tok["top_ids"] is not None else None
-    alt_texts = alternative_texts(r, top_ids) if top_ids is not None else {}
-    spans = [_prompt_tail_html(r, i) if prompt_tail else _BOUNDARY]
-    for j, tid in enumerate(ids):
-        if pieces is None:  # no text at all: the ids themselves, the pad/EOS id as a tag
-            body = f'<span style="{_TAG_STYLE}">{tid}</span> ' if tid == pad_id else f"{tid} "
-        else:
-            body = piece_html(pieces[j], tid, pad_id)
-        title = f"response token {j}: id {tid}" if pieces is None else f"response token {j}: id {tid} {pieces[j]!r}"
-        if tid == pad_id:
-            title += f" (= pad id {pad_id}: response_mask keeps it; response_ids != {pad_id} would drop it)"
-        style = ""
-        if lps is not None:
-            lp = float(lps[j])
-            title += f" | logprob {lp:.4f} (p={math.exp(lp):.3g})" if not math.isnan(lp) else " | logprob n/a"
-            style = f' style="background:{logprob_color(lp)}"'
-        if top_lp is not None and top_ids is not None:
-            alts = [
-                f"{alt_texts[int(a)]!r} p={math.exp(float(b)):.3g}" if int(a) in alt_texts else f"id {int(a)} p={math.exp(float(b)):.3g}"
-                for a, b in zip(top_ids[j], top_lp[j])
-                if not math.isnan(b)
-            ]
-            if alts:
-                title += "\ntop: " + ", ".join(alts)
-        spans.append(f'<span{style} title="{html.escape(title)}">{body}</span>')
-    more = len(tok["ids"]) - len(ids)
-    if more > 0:
-        spans.append(f'<span style="color:#888"> … +{more} tokens</span>')
-    if not len(tok["ids"]):
-        spans.append('<span style="color:#888">(empty)</span>')
-    body = "".join(spans)
-    # pre-wrap keeps the completion's own spaces and line breaks and wraps long lines at spaces;
-    # overflow-wrap:break-word also breaks a long run without spaces, so nothing runs off the right
-    # edge (the values JupyterLab's sanitizer keeps in an untrusted notebook: see _INLINE).
-    return f'<div style="{_TEXT}">{body}</div>'
-
-
-
-
-# Layout that must survive an untrusted notebook. JupyterLab strips <style> from an untrusted
-# output (one nbconvert executed, one a colleague sent) and keeps inline style= declarations whose
-# property and value its sanitizer allows (apputils' sanitizer: e.g. overflow-wrap only
-# normal|break-word, word-break only normal|keep-all|break-all). So everything the layout needs is
-# inline, with such values only; VIEW_STYLE below only repeats it for other pages and for
-# rlgen's other views.
-_CELL = "text-align:left;vertical-align:top;padding:2px 6px;overflow-wrap:break-word"
-_TEXT = "white-space:pre-wrap;overflow-wrap:break-word;color:#111;line-height:1.5;text-align:left"
-# A fixed layout at 100%: the columns get the widths of the <col>s whatever their content, so the
-# table fits its output area and the completion keeps at least half of it.
-_TABLE = "table-layout:fixed;width:100%;max-width:100%;border-collapse:collapse;margin-left:0;margin-right:0"
-_LINE = "white-space:normal;line-height:1.4;max-width:100%"
 # Percent of the table per column; the completion takes the rest (never under half).
 _WIDTHS = {"prompt": 16, "sample": 10, "reward": 11, "data": 13}  # the completion gets the rest (>= 50%)
-_INLINE = (_CELL, _TEXT, _TABLE, _LINE)
 
 
 def _finish_cell(row: Any) -> str:
@@ -297,10 +132,10 @@ def _prompt_cell(r: RolloutsView, pos: int, row: Any, *, max_chars: int) -> str:
     short = last_user_message(row)
     shown = clip_text(short, max_chars) if short is not None else clip_text(full, max_chars, tail=True)
     label = f'<span style="color:#888">prompt {row["prompt_index"]}</span> '
-    tail = _prompt_tail_html(r, pos)
+    tail = prompt_tail_html(r, pos)
     tail_html = (f'<div style="color:#888;font-size:85%;margin-top:2px" title="the prompt\'s last tokens; '
                  f'each response starts after │">ends {tail}</div>') if tail else ""
-    style = f'class="rlgen-prompt" style="{_TEXT}"'
+    style = f'class="rlgen-prompt" style="{TEXT_STYLE}"'
     if shown == full:
         return f"<div {style}>{label}{html.escape(shown)}{tail_html}</div>"
     return (
@@ -318,7 +153,7 @@ def _sample_cell(row: Any) -> str:
         _finish_cell(row),
         f'<span title="{row["completion_tokens"]} completion tokens after {int(row["prompt_tokens"])} prompt tokens">'
         f'{row["completion_tokens"]} tok</span>',
-        f'<span title="mean logprob of the response tokens" style="color:#555">lp {html.escape(_fmt(row["logprob_mean"]))}</span>',
+        f'<span title="mean logprob of the response tokens" style="color:#555">lp {html.escape(fmt_value(row["logprob_mean"]))}</span>',
     ]
     return "".join(f"<div>{line}</div>" for line in lines)
 
@@ -335,7 +170,7 @@ def _reward_cell(row: Any, columns: list[str]) -> str:
         short = name if len(name) <= _REWARD_NAME_CHARS else name[:_REWARD_NAME_CHARS - 1] + "…"
         weight = "font-weight:bold;" if c == "reward" else ""
         lines.append(f'<div title="{html.escape(c)}" style="{weight}white-space:nowrap;overflow:hidden">'
-                     f'<span style="color:#888">{html.escape(short)}</span> {html.escape(_fmt(row[c], 12))}</div>')
+                     f'<span style="color:#888">{html.escape(short)}</span> {html.escape(fmt_value(row[c], 12))}</div>')
     return "".join(lines)
 
 
@@ -351,7 +186,7 @@ def _data_text(value: Any) -> str:
         except (TypeError, ValueError):
             return str(value)
     if isinstance(value, float):
-        return _fmt(value)
+        return fmt_value(value)
     return "" if value is None else str(value)
 
 
@@ -519,7 +354,7 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
     columns.append("completion")
     widths.append(100 - sum(widths))
     spans = _groups(shown)
-    td = f'<td style="{_CELL}"'
+    td = f'<td style="{CELL_STYLE}"'
     rows_html = []
     for pos, (_, row) in enumerate(shown.iterrows()):
         cells = []
@@ -533,11 +368,11 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
         cells.append(f"{td}>{completion_html(r, pos, max_tokens=max_tokens, prompt_tail=False)}</td>")
         rows_html.append("<tr>" + "".join(cells) + "</tr>")
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
-    header = "".join(f'<th style="{_CELL}">{html.escape(h)}</th>' for h in columns)
+    header = "".join(f'<th style="{CELL_STYLE}">{html.escape(h)}</th>' for h in columns)
     parts = [lead] if lead else []
     parts.append(html.escape(short_repr(r)[1:-1]))
     if r.has_logprobs:
-        parts.append(_legend_html())
+        parts.append(legend_html())
     notes = []
     if len(shown):
         label, note = _mask_note(r, shown)
@@ -550,7 +385,7 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
     # One line; what the colours cover and the record open under it (a <details>: no script, and
     # it survives an untrusted notebook).
     line = " · ".join(parts)
-    head = (f'<details style="font-family:monospace;font-size:90%;margin-bottom:4px;{_LINE}">'
+    head = (f'<details style="font-family:monospace;font-size:90%;margin-bottom:4px;{LINE_STYLE}">'
             f'<summary style="cursor:pointer">{line}</summary>{"".join(notes)}</details>')
     foot = []
     if len(df) > max_rows:
@@ -561,8 +396,8 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
         foot.append("more columns in res.df: " + ", ".join(left_out))
     foot_html = "".join(f'<div style="color:#888">{html.escape(f)}</div>' for f in foot)
     return (
-        f'<div class="rlgen-rollouts" style="{_LINE}">{VIEW_STYLE}{head}{_decode_note(r)}'
-        f'<table style="{_TABLE}"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
+        f'<div class="rlgen-rollouts" style="{LINE_STYLE}">{VIEW_STYLE}{head}{_decode_note(r)}'
+        f'<table style="{TABLE_STYLE}"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
         f"<tbody>{''.join(rows_html)}</tbody></table>{foot_html}</div>"
     )
 
