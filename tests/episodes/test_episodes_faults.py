@@ -1,11 +1,12 @@
 """Bad input and faults in Engine.episodes on a real CPU server: each fault ends only its own
 episode, with its own status and what went wrong; the other episodes go on; nothing crashes.
 
-Covered elsewhere (not repeated here): an int returned (`test_context_limit_and_bad_returns`), a
-sync function env raising and "max_turns" (`test_env_error_ends_only_its_episodes_and_max_turns`),
-Ctrl-C (`test_cancel_keeps_finished_episodes`), all in
-test_episodes_runner.py; the statuses of one step or one tool call without a server in
-test_episodes_env.py and test_episodes_tools.py.
+Covered elsewhere (not repeated here), in test_episodes_runner.py: an int returned
+(`test_context_limit_and_bad_returns`), a sync function env raising and "max_turns"
+(`test_env_error_ends_only_its_episodes_and_max_turns`), Ctrl-C
+(`test_ctrl_c_keeps_finished_episodes_aborts_the_request_in_flight_on_the_server_and_cancels_the_rest`);
+the statuses of one step or one tool call without a server in test_episodes_env.py and
+test_episodes_tools.py.
 """
 
 from __future__ import annotations

@@ -130,21 +130,67 @@ def test_context_limit_and_bad_returns(engine: rlgen.Engine) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_cancel_keeps_finished_episodes(engine: rlgen.Engine) -> None:
+def test_ctrl_c_keeps_finished_episodes_aborts_the_request_in_flight_on_the_server_and_cancels_the_rest(
+        engine: rlgen.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
+    import signal
+    import threading
+    import time
 
-    async def env(messages: list[dict[str, Any]], data: Any) -> str:
-        if data == "slow":
+    def on_server() -> int:  # the server's own count (SGLang's /v1/loads; the CPU backend serves it too)
+        loads = _loop.run_sync(engine._client.get("/v1/loads", timeout=10))["loads"]
+        return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads)
+
+    asked = {d: threading.Event() for d in ("fast", "in a request", "in the environment")}
+
+    async def env(messages: list[dict[str, Any]], data: str) -> str:
+        asked[data].set()
+        if data == "in the environment":
             await asyncio.sleep(60)
-        return "done"
+        return "done" if data == "fast" else "Go on."
 
-    records: list[episodes.EpisodeRecord] = []
-    coro = episodes.run_episodes(engine._client, engine.tokenizer, [[{"role": "user", "content": "Hi."}]] * 2,
-                                 env=env, n=1, max_new_tokens=4, data=["fast", "slow"], records=records)
-    with pytest.raises(TimeoutError):
-        _loop.run_sync(coro, timeout=6)
-    assert [r.status for r in records] == ["done", "cancelled"]
-    assert len(records[1].assistant_turns) == 1 and "cancelled" in (records[1].error or "")
+    aborted: list[str] = []
+    abort = engine._client.abort
+
+    async def spy(rids: list[str]) -> None:
+        aborted.extend(rids)
+        await abort(rids)
+
+    monkeypatch.setattr(engine._client, "abort", spy)
+    main = threading.main_thread().ident
+    gone_after: list[float] = []
+
+    def interrupt_then_watch() -> None:
+        for event in asked.values():  # every first turn answered: what runs now is the second request
+            event.wait(60)
+        deadline = time.monotonic() + 30
+        while on_server() < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sent = time.monotonic()
+        signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+        while time.monotonic() - sent < 10:
+            if on_server() == 0:
+                gone_after.append(time.monotonic() - sent)
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=interrupt_then_watch, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        engine.episodes(["Hi."] * 3, env=env, data=list(asked), max_turns=8, max_new_tokens=32, ignore_eos=True)
+    watcher.join(15)
+    res = engine.last_episodes
+    assert res is not None and [r.status for r in res.records] == ["done", "cancelled", "cancelled"]
+    fast, in_request, in_env = res.records
+    assert len(fast.assistant_turns) == 1 and fast.error is None and len(fast.ids) > fast.prompt_len
+    for r in (in_request, in_env):  # what they had done is kept
+        assert len(r.assistant_turns) == 1 and "cancelled" in (r.error or "")
+    # exactly the one request in flight was aborted by its rid (not one of the finished turns')
+    assert len(aborted) == 1 and aborted[0] not in {t["rid"] for r in res.records for t in r.assistant_turns}
+    # and it left the server at once: not at its 32nd token, nor when the server would have noticed
+    # the closed connection (every 4 s, as SGLang)
+    assert gone_after and gone_after[0] < 1.5, gone_after
+    assert list(res.df["status"]) == ["done", "cancelled", "cancelled"]
 
 
 def add(a: int, b: int) -> int:
