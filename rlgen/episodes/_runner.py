@@ -8,7 +8,11 @@ logprobs), a closing EOS (mask 0) after a turn that did not end with one, the en
 (contained, `_env`), its messages' delta appended (mask 0); the stops ("done", "max_turns",
 "context_limit", the environment's failure statuses, "template_error", "request_error"), the bound
 on requests in flight, and Ctrl-C: finished episodes are kept, the rids in flight are aborted on the
-server, unfinished episodes get "cancelled".
+server, unfinished episodes get "cancelled". Each assistant turn's dict records `latency_s` (its
+request) and `rlgen_s`, the runner's own time for it (the synchronous work outside the server and
+the environment: the request's ids (the first prompt, or the template delta of the messages before
+it), its payload, reading the answer into the record, and after the environment's step, its
+bookkeeping when the episode ends there), for the overhead benchmark.
 
 Knows nothing about launching servers, the Engine, rollouts or how results are shown: it takes a
 client (`client._http.Client`: `generate(payload)`, `abort(rids)`), a tokenizer with a chat
@@ -104,31 +108,37 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
 
-    async def generate(ids: list[int], budget: int, sample_index: int) -> tuple[dict[str, Any], float]:
+    async def generate(ids: list[int], budget: int, sample_index: int) -> tuple[dict[str, Any], float, float]:
+        """(the answer, its latency, the runner's own seconds building the payload)."""
+        t = time.perf_counter()
         turn_params = {**params, "max_new_tokens": budget}
         if turn_params.get("sampling_seed") is not None:
             # One seed for the n episodes of a prompt would draw n identical episodes: seed + sample
             # index, as generate() does for its n samples.
             turn_params["sampling_seed"] = int(turn_params["sampling_seed"]) + sample_index
+        own = time.perf_counter() - t
         async with limiter:
+            t = time.perf_counter()
             rid = new_rid()
             in_flight[rid] = None
+            payload = {"input_ids": ids, "sampling_params": turn_params, "return_logprob": True, "rid": rid}
             t0 = time.perf_counter()
+            own += t0 - t
             cancelled = False
             try:
-                answer = await client.generate({"input_ids": ids, "sampling_params": turn_params,
-                                                "return_logprob": True, "rid": rid})
+                answer = await client.generate(payload)
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: left for the abort below
                 raise
             finally:
                 if not cancelled:
                     in_flight.pop(rid, None)
+            latency = time.perf_counter() - t0
             if isinstance(answer, list):
                 answer = answer[0] if len(answer) == 1 else answer
             if not isinstance(answer, dict):
                 raise RequestError(f"/generate answered {type(answer).__name__}, not one sample")
-            return answer, time.perf_counter() - t0
+            return answer, latency, own
 
     async def one(record: EpisodeRecord, prompt: Sequence[Mapping[str, Any]]) -> None:
         made = await environment.new()
@@ -142,6 +152,9 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         record.messages = [dict(m) for m in prompt] + reply.messages
         record.n_prompt_messages = len(record.messages)
         tools = environment.tools
+        # The runner's own time per assistant turn (`rlgen_s`): the synchronous work outside the server
+        # and the environment, from the ids of its request to handing its answer to the environment.
+        t = time.perf_counter()
         try:
             first = first_prompt_ids(tokenizer, record.messages, tools=tools)
         except Exception as e:  # a chat the template refuses (raise_exception, a TemplateError)
@@ -149,6 +162,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             return None
         record.prompt_len = len(first)
         record.extend(first, role="prompt", turn=0)
+        own = time.perf_counter() - t  # the ids of the first request
         for turn in range(max_turns):
             if context_length is not None and len(record.ids) + max_new_tokens > context_length:
                 record.status = "context_limit"
@@ -156,10 +170,11 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                                 f"the model's context of {context_length} tokens")
                 return None
             try:
-                answer, latency = await generate(record.ids, max_new_tokens, record.sample_index)
+                answer, latency, payload_s = await generate(record.ids, max_new_tokens, record.sample_index)
             except RequestError as e:
                 record.status, record.error = "request_error", f"turn {turn}: {e}"
                 return None
+            t = time.perf_counter()
             meta = answer.get("meta_info") or {}
             sampled = [int(i) for i in answer.get("output_ids") or []]
             lps = [float(x[0]) if x and x[0] is not None else 0.0 for x in meta.get("output_token_logprobs") or []]
@@ -174,16 +189,20 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             text_ids = sampled[:-1] if sampled and sampled[-1] == eos else sampled
             text = tokenizer.decode(text_ids)
             record.messages.append({"role": "assistant", "content": text})
-            record.turns.append({
+            assistant: dict[str, Any] = {
                 "turn": turn, "role": "assistant", "text": text, "tokens": len(sampled),
                 "logprob_mean": sum(lps) / len(lps) if lps else None, "tool_calls": None, "tool_calls_failed": None,
                 "finish_reason": finish_type, "cached_tokens": int(meta.get("cached_tokens") or 0),
                 "prompt_tokens": int(meta.get("prompt_tokens") or len(record.ids) - len(sampled)),
                 "latency_s": latency, "rid": meta.get("id"), "weight_version": meta.get("weight_version"),
                 "matched_stop": finish.get("matched") if isinstance(finish, dict) else None,
-            })
+            }
+            record.turns.append(assistant)
             record.extend(closing_ids(tokenizer, sampled), role="env", turn=turn)
-            reply = await session.step([dict(m) for m in record.messages])
+            messages = [dict(m) for m in record.messages]
+            assistant["rlgen_s"] = own + payload_s + time.perf_counter() - t
+            reply = await session.step(messages)
+            t = time.perf_counter()
             record.env_seconds += reply.seconds
             record.turns.append({
                 "turn": turn, "role": "env", "text": "\n".join(m["content"] for m in reply.messages) or None,
@@ -193,21 +212,22 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                 "calls": reply.calls,
             })
             if reply.status is not None:
+                assistant["rlgen_s"] += time.perf_counter() - t
                 return _fail(record, reply)
-            if reply.done:
-                record.status = "done"
-                return None
-            if turn == max_turns - 1:
-                record.status = "max_turns"
+            if reply.done or turn == max_turns - 1:
+                record.status = "done" if reply.done else "max_turns"
+                assistant["rlgen_s"] += time.perf_counter() - t
                 return None
             try:
                 delta = message_delta_ids(tokenizer, reply.messages, tools=tools)
             except Exception as e:  # TemplateError, or a template that refuses the messages
                 record.status, record.error = "template_error", f"{type(e).__name__}: {e}"
+                assistant["rlgen_s"] += time.perf_counter() - t
                 return None
             record.messages.extend(reply.messages)
             record.extend(delta, role="env", turn=turn)
             record.turns[-1]["tokens"] = len(delta)
+            own = time.perf_counter() - t  # the next request's ids: the next turn's
         return None  # pragma: no cover - the loop returns
 
     async def guarded(record: EpisodeRecord, prompt: Sequence[Mapping[str, Any]]) -> None:

@@ -193,6 +193,18 @@ def test_ctrl_c_keeps_finished_episodes_aborts_the_request_in_flight_on_the_serv
     assert list(res.df["status"]) == ["done", "cancelled", "cancelled"]
 
 
+@pytest.mark.timeout(120)
+def test_each_assistant_turn_records_the_runner_own_time_small_beside_the_request(engine: rlgen.Engine) -> None:
+    episodes.first_prompt_ids(engine.tokenizer, [{"role": "user", "content": "Hi."}])  # the template compiled once
+    res = engine.episodes(["What is 2+2?"], env=again_once, n=2, max_new_tokens=4)
+    turns = [t for r in res.records for t in r.assistant_turns]
+    assert len(turns) == 4
+    for t in turns:
+        assert isinstance(t["rlgen_s"], float) and 0.0 <= t["rlgen_s"] < t["latency_s"], t
+    assert sum(t["rlgen_s"] for t in turns) < 0.1 * sum(t["latency_s"] for t in turns)
+    assert all("rlgen_s" not in t for r in res.records for t in r.turns if t["role"] == "env")
+
+
 def add(a: int, b: int) -> int:
     """Add two numbers.
 
