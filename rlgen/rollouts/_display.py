@@ -15,7 +15,8 @@ import html
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..core._columns import reward_output_columns
+from ..core._columns import EPISODE_COLUMNS, reward_output_columns
+from ._episode_html import episode_cell, episodes_line, episodes_mask_note, episodes_repr, is_episodes, turns_html
 from ._token_html import (
     CELL_STYLE,
     LINE_STYLE,
@@ -72,7 +73,10 @@ def _shape_text(r: RolloutsView) -> str:
 
 
 def short_repr(r: RolloutsView) -> str:
-    """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`."""
+    """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`; episodes
+    say theirs (`_episode_html.episodes_repr`)."""
+    if is_episodes(r):
+        return episodes_repr(r)
     parts = [_shape_text(r), f"{r.n_tokens} tokens"]
     finish = _finish_counts(r)
     if finish:
@@ -87,7 +91,7 @@ def short_repr(r: RolloutsView) -> str:
 
 
 # Percent of the table per column; the completion takes the rest (never under half).
-_WIDTHS = {"prompt": 16, "sample": 10, "reward": 11, "data": 13}  # the completion gets the rest (>= 50%)
+_WIDTHS = {"prompt": 16, "sample": 10, "episode": 10, "reward": 11, "data": 13}  # the completion gets the rest (>= 50%)
 
 
 def _finish_cell(row: Any) -> str:
@@ -232,7 +236,8 @@ def _repeats_prompt(df: Any, column: str) -> bool:
 def _view_columns(r: RolloutsView) -> tuple[list[str], list[str], list[str], list[str]]:
     """(reward columns, data columns shown, data columns left out, data columns that repeat the prompt)."""
     written = set(reward_output_columns(r.df.columns))  # a verl `reward_model` column is data
-    extra = [c for c in r.extra_columns if c not in _HIDDEN and not c.endswith(_HIDDEN_SUFFIXES)]
+    hidden = (*_HIDDEN, *EPISODE_COLUMNS) if is_episodes(r) else _HIDDEN  # an episode's own: in its cells
+    extra = [c for c in r.extra_columns if c not in hidden and not c.endswith(_HIDDEN_SUFFIXES)]
     rewards = [c for c in extra if c in written]
     rest = [c for c in extra if c not in written]
     repeats = [c for c in rest if _repeats_prompt(r.df, c)]
@@ -343,15 +348,18 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
     tags), coloured by p = exp(logprob) on a log scale (hover: id, text, logprob, top-k
     alternatives with their texts). The table fills its output area's width, and the completion
     gets at least half of it. Tokens past `max_tokens` and prompt text past `max_chars` are cut.
+    Episodes (a `status` and a `turns` column) get a row per episode: its status, turns and tool
+    calls, and its trajectory drawn as turns (`_episode_html.turns_html`).
     All text is escaped; `lead` (already HTML) opens the header line. Every layout rule is an
     inline style, so the view keeps its layout in an untrusted notebook.
     """
     df = r.df
     shown = df.head(max_rows)
+    episodes = is_episodes(r)
     rewards, data, left_out, repeats = _view_columns(r)
-    columns = ["prompt", "sample", *(["reward"] if rewards else []), *(["data"] if data else [])]
+    columns = ["prompt", "episode" if episodes else "sample", *(["reward"] if rewards else []), *(["data"] if data else [])]
     widths = [_WIDTHS[c] for c in columns]
-    columns.append("completion")
+    columns.append("turns" if episodes else "completion")
     widths.append(100 - sum(widths))
     spans = _groups(shown)
     td = f'<td style="{CELL_STYLE}"'
@@ -360,22 +368,24 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
         cells = []
         if spans[pos]:
             cells.append(f'{td} rowspan="{spans[pos]}">{_prompt_cell(r, pos, row, max_chars=max_chars)}</td>')
-        cells.append(f"{td}>{_sample_cell(row)}</td>")
+        cells.append(f"{td}>{episode_cell(row) if episodes else _sample_cell(row)}</td>")
         if rewards:
             cells.append(f"{td}>{_reward_cell(row, rewards)}</td>")
         if data:
             cells.append(f"{td}>{_data_cell(row, data)}</td>")
-        cells.append(f"{td}>{completion_html(r, pos, max_tokens=max_tokens, prompt_tail=False)}</td>")
+        drawn = (turns_html(r, pos, max_tokens=max_tokens) if episodes
+                 else completion_html(r, pos, max_tokens=max_tokens, prompt_tail=False))
+        cells.append(f"{td}>{drawn}</td>")
         rows_html.append("<tr>" + "".join(cells) + "</tr>")
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
     header = "".join(f'<th style="{CELL_STYLE}">{html.escape(h)}</th>' for h in columns)
     parts = [lead] if lead else []
-    parts.append(html.escape(short_repr(r)[1:-1]))
+    parts.extend(episodes_line(r) if episodes else [html.escape(short_repr(r)[1:-1])])
     if r.has_logprobs:
         parts.append(legend_html())
     notes = []
     if len(shown):
-        label, note = _mask_note(r, shown)
+        label, note = episodes_mask_note(r, len(shown)) if episodes else _mask_note(r, shown)
         parts.append(label)
         notes.append(note)
     record = record_note(r)
@@ -389,7 +399,8 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
             f'<summary style="cursor:pointer">{line}</summary>{"".join(notes)}</details>')
     foot = []
     if len(df) > max_rows:
-        foot.append(f"showing {max_rows} of {len(df)} rows; use res[i], res[a:b], res.where(...) or res.browse()")
+        what = "episodes" if episodes else "rows"
+        foot.append(f"showing {max_rows} of {len(df)} {what}; use res[i], res[a:b], res.where(...) or res.browse()")
     if repeats:
         foot.append(f"not shown: {', '.join(repeats)} (the same text as the prompt)")
     if left_out:

@@ -1,9 +1,9 @@
 """What the views read of a result: the `Rollouts` surface the display, the browser and the plots use.
 
 Owns: `RolloutsView`, a typing Protocol of the members the views read (the DataFrame, token access,
-selection, run records). `Rollouts` satisfies it; the views are typed against it, so they never
-import the module that defines `Rollouts` (which imports them: the accessor pattern of pandas'
-`df.plot`, without an import cycle). Knows nothing about how any member is computed.
+per-row meta_info (an episode's turns), selection, run records). `Rollouts` satisfies it; the views
+are typed against it, so they never import the module that defines `Rollouts` (which imports them:
+the accessor pattern of pandas' `df.plot`, without an import cycle). Knows nothing about how any member is computed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class RolloutsView(Protocol):
     model: str
     decode: Callable[[list[int]], list[str]] | None
     run_records: dict[str, dict[str, Any] | None]
+    meta_info: list[dict[str, Any]]
 
     @property
     def df(self) -> pd.DataFrame: ...

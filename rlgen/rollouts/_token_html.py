@@ -39,6 +39,8 @@ __all__ = [
     "prompt_tail_html",
     "row_tokens",
     "safe_decode",
+    "special_piece",
+    "token_body",
     "token_pieces",
     "token_span",
 ]
@@ -119,6 +121,11 @@ def token_pieces(r: RolloutsView, ids: list[int], texts: list[str | None] | None
 # Special tokens as text: "<|im_end|>", "<s>", "</s>", "<unk>", "<pad>", "<eos>", "<bos>".
 _SPECIAL = re.compile(r"<\|[^\s|]{1,40}\|>|</?s>|<(?:unk|pad|eos|bos|mask)>")
 TAG_STYLE = "color:#555;border:1px solid #999;border-radius:3px;padding:0 2px;font-size:85%"
+
+
+def special_piece(piece: str) -> bool:
+    """Whether a token's text is a special token's ("<|im_end|>", "</s>", ...)."""
+    return _SPECIAL.fullmatch(piece) is not None
 
 
 def piece_html(piece: str, token_id: int, pad_id: int | None) -> str:
