@@ -1,12 +1,13 @@
 """The rollout browser: filter a Rollouts, step through its prompt groups, read one sample's tokens.
 
-Owns: the browser's selection (finish reason, reward range, text search, which group and which
-sample: `RolloutBrowser`'s plain attributes and `matching()`), the HTML it draws for a selection
-(the group through the view's table, then the selected sample's token heatmap and its least likely
-tokens with their top-k alternatives), and the ipywidgets controls around it. Where widgets cannot
-render (a static export, a frontend without the widget manager) the same HTML is in the output's
-text/html. Knows nothing about servers or generation: it reads a `Rollouts` and draws through
-`rollouts._display`.
+Owns: the browser's selection (finish reason, an episode's status, reward range, text search, which
+group and which sample: `RolloutBrowser`'s plain attributes, `matching()` and `step()`), the HTML it
+draws for a selection (the group through the view's table, then the selected sample's token heatmap
+(an episode's trajectory as turns) and its least likely tokens with their top-k alternatives), and
+the ipywidgets controls around it. Where widgets cannot render (a static export, a frontend without
+the widget manager) the same HTML is in the output's text/html. Knows nothing about servers,
+generation or `rlgen.episodes`: it reads a `Rollouts` (episodes by their data: a `status` column)
+and draws through `rollouts._display` and `rollouts._episode_html`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._display import rollouts_html
+from ._episode_html import episode_title, is_episodes, status_counts, turns_html
 from ._token_html import LINE_STYLE, alternative_texts, completion_html, token_pieces
 
 if TYPE_CHECKING:
@@ -37,9 +39,11 @@ class RolloutBrowser:
     """Browse `rollouts` a prompt group at a time: `res.browse()` in a notebook.
 
     The selection is plain attributes, so it can be set from code as well as from the controls:
-    `finish` (a finish reason or None for all), `reward_range` ((low, high) or None), `search` (text
-    that the prompt or the completion must contain, case-insensitive), `group` (position among the
-    groups with matching rows) and `sample` (position among the group's matching rows).
+    `finish` (a finish reason or None for all), `status` (episodes: a status or None for all),
+    `reward_range` ((low, high) or None), `search` (text that the prompt or the completion must
+    contain, case-insensitive), `group` (position among the groups with matching rows) and `sample`
+    (position among the group's matching rows). `step(by)` moves through the matching rows one at
+    a time across groups (the episode buttons).
     """
 
     def __init__(self, rollouts: RolloutsView, *, reward: str = "reward", widgets: bool | None = None) -> None:
@@ -49,6 +53,8 @@ class RolloutBrowser:
         self.reward = reward if reward in rollouts.df.columns else None
         self.widgets = widgets
         self.finish: str | None = None
+        self.episodes = is_episodes(rollouts)
+        self.status: str | None = None
         self.reward_range: tuple[float, float] | None = None
         self.search = ""
         self.group = 0
@@ -62,6 +68,8 @@ class RolloutBrowser:
         keep = np.ones(len(df), dtype=bool)
         if self.finish is not None:
             keep &= (df["finish_reason"] == self.finish).to_numpy()
+        if self.status is not None and "status" in df.columns:
+            keep &= (df["status"].astype(str) == self.status).to_numpy()
         if self.reward_range is not None and self.reward is not None:
             low, high = self.reward_range
             values = df[self.reward].to_numpy(dtype=np.float64)
@@ -93,12 +101,27 @@ class RolloutBrowser:
         self.sample = min(max(self.sample, 0), len(rows) - 1)
         return rows, int(rows[self.sample])
 
+    def step(self, by: int) -> None:
+        """Move `by` matching rows (an episode at a time), across groups; clamped at either end."""
+        groups = self.groups()
+        if not groups:
+            return
+        self.selected()
+        flat = [(g, s) for g, rows in enumerate(groups) for s in range(len(rows))]
+        at = flat.index((self.group, self.sample))
+        self.group, self.sample = flat[min(max(at + by, 0), len(flat) - 1)]
+
     # -- drawing -------------------------------------------------------------------------------------
     def html(self) -> str:
         """The current selection as HTML: a status line, the group's rows, the selected sample."""
         rows, row = self.selected()
-        n_groups = len(self.groups())
+        groups = self.groups()
+        n_groups = len(groups)
         status = f"group {self.group + 1 if n_groups else 0} of {n_groups} matching ({len(self.matching())} of {len(self.rollouts)} rows)"
+        if self.episodes:
+            at = sum(len(g) for g in groups[: self.group]) + self.sample + 1 if row is not None else 0
+            status = (f"episode {at} of {len(self.matching())} matching ({len(self.rollouts)} in all) · "
+                      f"group {self.group + 1 if n_groups else 0} of {n_groups}")
         filters = self._filters_text()
         lead = f'<span style="color:#555">{html.escape(status + filters)}</span>'
         box = f'class="rlgen-browser" style="{LINE_STYLE}"'
@@ -112,8 +135,11 @@ class RolloutBrowser:
             f"{sample_html(self.rollouts, row, position=self.sample)}</div>"
         )
 
+    def _status_text(self) -> str:
+        return f"status = {self.status}" if self.status is not None else ""
+
     def _filters_text(self) -> str:
-        parts = []
+        parts = [self._status_text()] if self.status is not None else []
         if self.finish is not None:
             parts.append(f"finish = {self.finish}")
         if self.reward_range is not None and self.reward is not None:
@@ -136,7 +162,8 @@ class RolloutBrowser:
         return bundle
 
     def __repr__(self) -> str:
-        return f"<RolloutBrowser {len(self.groups())} groups, {len(self.matching())} of {len(self.rollouts)} rows>"
+        what = "episodes" if self.episodes else "rows"
+        return f"<RolloutBrowser {len(self.groups())} groups, {len(self.matching())} of {len(self.rollouts)} {what}>"
 
     # -- widgets -------------------------------------------------------------------------------------
     def use_widgets(self) -> bool:
@@ -174,6 +201,11 @@ class RolloutBrowser:
         search = w.Text(placeholder="text in prompt or completion", description="search", continuous_update=False,
                         layout=w.Layout(width="24em", min_width="24em"))
         controls: list[Any] = [finish]
+        status: Any = None
+        if "status" in df.columns:
+            status = w.Dropdown(options=[("all", "all"), *((f"{k} ({v})", k) for k, v in status_counts(self.rollouts))],
+                                value="all", description="status", layout=w.Layout(width="16em"))
+            controls.insert(0, status)
         reward: Any = None
         if self.reward is not None:
             values = df[self.reward].to_numpy(dtype=np.float64)
@@ -184,14 +216,16 @@ class RolloutBrowser:
                                             description=self.reward, readout_format=".3g", continuous_update=False)
                 controls.append(reward)
         controls.append(search)
-        previous, following = w.Button(description="◀ group", layout=w.Layout(width="7em")), w.Button(
-            description="group ▶", layout=w.Layout(width="7em"))
-        sample = w.Dropdown(options=[0], description="sample", layout=w.Layout(width="16em"))
+        unit = "episode" if self.episodes else "group"
+        previous, following = w.Button(description=f"◀ {unit}", layout=w.Layout(width="8em")), w.Button(
+            description=f"{unit} ▶", layout=w.Layout(width="8em"))
+        sample = w.Dropdown(options=[0], description="episode" if self.episodes else "sample", layout=w.Layout(width="16em"))
         view = w.HTML(layout=w.Layout(width="auto", overflow="auto"))
 
         def redraw(*_: Any) -> None:
             rows, _row = self.selected()
-            labels = [(f"{int(df['sample_index'].iat[r])} (row {int(df['row_id'].iat[r])})", k) for k, r in enumerate(rows.tolist())]
+            labels = [(f"{int(df['sample_index'].iat[r])} (row {int(df['row_id'].iat[r])})"
+                       + (f" {df['status'].iat[r]}" if self.episodes else ""), k) for k, r in enumerate(rows.tolist())]
             sample.unobserve(on_sample, "value")
             sample.options = labels or [("-", 0)]
             sample.value = self.sample if labels else 0
@@ -200,6 +234,8 @@ class RolloutBrowser:
 
         def on_filter(*_: Any) -> None:
             self.finish = None if finish.value == "all" else finish.value
+            if status is not None:
+                self.status = None if status.value == "all" else status.value
             full = reward is not None and tuple(reward.value) == (reward.min, reward.max)
             self.reward_range = None if reward is None or full else (float(reward.value[0]), float(reward.value[1]))
             self.search = search.value.strip()
@@ -212,12 +248,15 @@ class RolloutBrowser:
 
         def step(by: int) -> Any:
             def go(_: Any) -> None:
-                self.group += by
-                self.sample = 0
+                if self.episodes:
+                    self.step(by)
+                else:
+                    self.group += by
+                    self.sample = 0
                 redraw()
             return go
 
-        for control in (finish, search, *([reward] if reward is not None else [])):
+        for control in (finish, search, *([reward] if reward is not None else []), *([status] if status is not None else [])):
             control.observe(on_filter, "value")
         previous.on_click(step(-1))
         following.on_click(step(+1))
@@ -253,11 +292,15 @@ def interactive_frontend(environ: Mapping[str, str] | None = None, user_ns: Mapp
 
 
 def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
-    """One sample in full: its token heatmap, then its unlikely tokens (p < 0.5) with the alternatives."""
+    """One sample in full: its token heatmap (an episode's trajectory as turns), then its unlikely
+    tokens (p < 0.5) with the alternatives."""
     row = r.df.iloc[i]
     title = (f"sample {row['sample_index']} (row {row['row_id']}) · {row['finish_reason']} · "
              f"{row['completion_tokens']} tokens · mean logprob {row['logprob_mean']:.3f}")
     heat = completion_html(r, i, max_tokens=4096)
+    if is_episodes(r):
+        title = episode_title(row)
+        heat = turns_html(r, i, max_tokens=4096, env_cap=None, prompt_tail=True, ended=True)
     return (
         f'<div style="margin-top:8px;font-family:monospace;color:#333">{html.escape(title)}</div>'
         f'<div style="border:1px solid #ccc;padding:4px;max-width:100%;{LINE_STYLE}">{heat}</div>{_surprises_html(r, i)}'
@@ -276,7 +319,8 @@ def _surprises_html(r: RolloutsView, i: int) -> str:
     order = [int(j) for j in np.argsort(np.where(np.isnan(lps), np.inf, lps))[:_SURPRISES]
              if not math.isnan(lps[j]) and lps[j] < limit]
     top_ids, top_lp = tok["top_ids"], tok["top_logprobs"]
-    hint = "" if top_ids is not None else " (generate with top_logprobs=k to see what else the model considered)"
+    # (Episodes ask for no top-k: no hint there.)
+    hint = "" if top_ids is not None or tok["loss_mask"] is not None else " (generate with top_logprobs=k to see what else the model considered)"
     caption = f"unlikely tokens (p &lt; {_UNLIKELY_P:g}), least likely first{html.escape(hint)}"
     if not order:
         return (f'<div class="rlgen-rollouts" style="margin-top:6px;color:#555;{LINE_STYLE}">no unlikely tokens: '
