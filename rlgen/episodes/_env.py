@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._tool_calls import ToolCallParser, parse_tool_calls
+from ._tool_calls import ToolCallParser, parse_tool_calls, parse_with_server
 from ._tools import Tool, acall_tool, run_contained, tools_from
 
 __all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "tool_env"]
@@ -186,12 +186,26 @@ class ToolEnv(EpisodeEnv):
                  on_tool_error: str = "end") -> None:
         if on_tool_error not in ("end", "reply"):
             raise ValueError(f"on_tool_error must be 'end' or 'reply', got {on_tool_error!r}")
-        if isinstance(parser, str) and parser != "hermes":
-            raise ValueError(f"unknown tool-call parser {parser!r}: the built-in one is 'hermes', or pass a function")
+        if isinstance(parser, str) and parser != "hermes" and not parser.startswith("server"):
+            raise ValueError(f"unknown tool-call parser {parser!r}: the built-in one is 'hermes', the server's is "
+                             "'server' or 'server:<name>' (an SGLang --tool-call-parser name), or pass a function")
         self.tools: list[Tool] = tools_from(tools)
         self.by_name = {t.name: t for t in self.tools}
         self.schemas = [t.schema for t in self.tools]
         self.parser, self.timeout, self.on_tool_error = parser, timeout, on_tool_error
+        # "server[:name]": the server's own parser through /parse_function_call (hermes by default),
+        # posted with the client the runner binds (`bind_client`).
+        self.server_parser: str | None = None
+        if isinstance(parser, str) and parser.startswith("server"):
+            name = parser.partition(":")[2] or "hermes"
+            if parser not in ("server", f"server:{name}"):
+                raise ValueError(f"unknown tool-call parser {parser!r}: write 'server' or 'server:<name>'")
+            self.server_parser = name
+        self._client: Any = None
+
+    def bind_client(self, client: Any) -> None:
+        """The client that posts to the server (the runner binds its own), for a "server" parser."""
+        self._client = client
 
     def __repr__(self) -> str:
         return f"tool_env([{', '.join(self.by_name)}], on_tool_error={self.on_tool_error!r})"
@@ -201,7 +215,14 @@ class ToolEnv(EpisodeEnv):
         last = messages[-1] if messages else {}
         if last.get("role") != "assistant":
             return EnvReply(status="env_error", error="tool_env: the last message is not the assistant's turn")
-        parsed = parse_tool_calls(str(last.get("content") or ""), self.parser)
+        text = str(last.get("content") or "")
+        if self.server_parser is None:
+            parsed = parse_tool_calls(text, self.parser)
+        elif self._client is None:
+            return EnvReply(status="env_error", error="tool_env(parser='server'): no server to ask; run it through "
+                                                      "Engine.episodes (or bind_client(client))")
+        else:
+            parsed = await parse_with_server(self._client, text, self.tools, parser=self.server_parser)
         if parsed.error is not None:
             return EnvReply(status="bad_tool_call", error=parsed.error, seconds=time.perf_counter() - t0)
         if not parsed.calls:
@@ -240,7 +261,10 @@ def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: fl
 
     Args:
         tools: functions, Tools or `{name: function}` dicts (as `tools_from`).
-        parser: "hermes" (`<tool_call>{...}</tool_call>`) or a function text -> ParsedTurn | [(name, args)].
+        parser: "hermes" (`<tool_call>{...}</tool_call>`, read here), "server" / "server:<name>" (the
+            server's own parser, SGLang's `--tool-call-parser` names, through `/parse_function_call`;
+            hermes by default; the CPU backend knows hermes), or a function text -> ParsedTurn |
+            [(name, args)].
         timeout: seconds per tool call ("tool_timeout" after).
         on_tool_error: "end" (the episode ends with the tool's status) or "reply" (the error text is
             the tool message, and the episode goes on).

@@ -145,6 +145,9 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         if isinstance(made, EnvReply):
             return _fail(record, made)
         session: EpisodeEnv = made
+        bind = getattr(session, "bind_client", None)
+        if callable(bind):  # a tool environment that parses with the server's own parser
+            bind(client)
         reply = await session.reset(record.data)
         record.env_seconds += reply.seconds
         if reply.status is not None:

@@ -308,3 +308,19 @@ def test_with_on_tool_error_reply_an_unserialisable_result_is_told_to_the_model_
     assert r.status == "done" and len(r.assistant_turns) == 2
     assert r.messages[2]["role"] == "tool" and "set is not JSON serializable" in r.messages[2]["content"]
     assert res.df.loc[0, "tool_calls_failed"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_servers_own_parser_reads_the_same_calls_as_the_built_in_one(engine: rlgen.Engine) -> None:
+    prompts = ["ok", "bad json", "unknown tool"]
+    built_in = engine.episodes(prompts, env=Scripted([add, tags, quit_tool], timeout=5), max_turns=2, **FAST)
+    server = engine.episodes(prompts, env=Scripted([add, tags, quit_tool], timeout=5, parser="server"), max_turns=2,
+                             **FAST)
+    assert server.df.status.tolist() == built_in.df.status.tolist() == ["done", "bad_tool_call", "bad_tool_call"]
+    assert server.records[0].messages[2] == {"role": "tool", "name": "add", "content": "5"}
+    assert "parser found a tool call it could not read" in (server.records[1].error or "")
+    alone = episodes.tool_env([add], parser="server:hermes")
+    reply = asyncio.run(alone.step([{"role": "assistant", "content": call("add", '{"a": 1, "b": 2}')}]))
+    assert reply.status == "env_error" and "no server to ask" in (reply.error or "")
+    with pytest.raises(ValueError, match="server:<name>"):
+        episodes.tool_env([add], parser="servers")
