@@ -215,14 +215,14 @@ class ToolEnv(EpisodeEnv):
         last = messages[-1] if messages else {}
         if last.get("role") != "assistant":
             return EnvReply(status="env_error", error="tool_env: the last message is not the assistant's turn")
-        text = str(last.get("content") or "")
+        said = str(last.get("content") or "")
         if self.server_parser is None:
-            parsed = parse_tool_calls(text, self.parser)
+            parsed = parse_tool_calls(said, self.parser)
         elif self._client is None:
             return EnvReply(status="env_error", error="tool_env(parser='server'): no server to ask; run it through "
                                                       "Engine.episodes (or bind_client(client))")
         else:
-            parsed = await parse_with_server(self._client, text, self.tools, parser=self.server_parser)
+            parsed = await parse_with_server(self._client, said, self.tools, parser=self.server_parser)
         if parsed.error is not None:
             return EnvReply(status="bad_tool_call", error=parsed.error, seconds=time.perf_counter() - t0)
         if not parsed.calls:
