@@ -25,6 +25,7 @@ from .core._errors import (
     ServerRequestError,
     ServerStartupError,
     ServerStartupTimeout,
+    WeightsError,
     WorkerRequestError,
 )
 from .core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
@@ -64,6 +65,7 @@ __all__ = [
     "ServerStartupTimeout",
     "StreamOptions",
     "TokenIds",
+    "WeightsError",
     "WorkerRequestError",
     "__version__",
     "ab",
@@ -77,5 +79,5 @@ __all__ = [
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
 for _obj in (Engine, EngineState, Episodes, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
              reap, resolve_model, RlgenError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
-             ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WorkerRequestError):
+             ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"

@@ -2,6 +2,7 @@
 
     RlgenError
     ├── ModelError                  a model could not be resolved or prepared
+    ├── WeightsError                weights refused before anything was sent (names, shapes, device)
     ├── EngineError                 the server an Engine owns or talks to
     │   ├── ServerStartupError      the server failed while starting (exit code, log tail, hint)
     │   │   └── ServerStartupTimeout    ... or did not become healthy in `startup_timeout`
@@ -32,6 +33,7 @@ __all__ = [
     "ServerRequestError",
     "ServerStartupError",
     "ServerStartupTimeout",
+    "WeightsError",
     "WorkerRequestError",
 ]
 
@@ -42,6 +44,12 @@ class RlgenError(Exception):
 
 class ModelError(RlgenError):
     """A model path is missing or invalid, or the default model could not be prepared."""
+
+
+class WeightsError(RlgenError, ValueError):
+    """`Engine.update_weights` refused the weights before sending anything: names or shapes the
+    served model does not have, LoRA weights not merged, tensors on a device the server cannot
+    read, or a server on another machine. The server's weights are unchanged. Also a ValueError."""
 
 
 class EngineError(RlgenError):

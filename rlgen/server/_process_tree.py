@@ -2,8 +2,9 @@
 
 Owns: spawning a child in its own session with the parent-death signal armed, the tree of it and
 every descendant seen while it lived (`ProcessTree`), stopping that tree (`ShutdownReport`),
-`reap()` of trees whose owner died (on top of the records in `server/_registry.py`), and the check that
-a stopped tree's processes released their GPU memory.
+`reap()` of trees whose owner died (on top of the records in `server/_registry.py`), the check that
+a stopped tree's processes released their GPU memory, and which GPUs (by UUID) a tree's processes
+use.
 
 Knows nothing about HTTP, ports, readiness, log contents or SGLang's options: to this module a
 server is an argv, an environment and a file its output goes to.
@@ -64,6 +65,7 @@ __all__ = [
     "gpu_memory_mib",
     "gpu_memory_per_gpu",
     "gpu_name",
+    "gpu_uuids_of",
     "is_exiting",
     "popen_from_long_lived_thread",
     "reap",
@@ -524,6 +526,17 @@ def _nvidia_smi(query: str) -> list[list[str]] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def gpu_uuids_of(pids: Sequence[int]) -> set[str] | None:
+    """The UUIDs (lowercase, without nvidia-smi's "GPU-" prefix: torch's `get_device_properties().uuid`
+    form) of the GPUs on which any of `pids` holds memory; None where the driver shows none of them
+    (no GPU or nvidia-smi here, or a container that hides processes)."""
+    wanted = set(pids)
+    rows = _nvidia_smi("--query-compute-apps=gpu_uuid,pid") if wanted else None
+    found = {row[0].lower().removeprefix("gpu-") for row in rows or []
+             if len(row) == 2 and row[1].isdigit() and int(row[1]) in wanted}
+    return found or None
 
 
 def gpu_name() -> str | None:

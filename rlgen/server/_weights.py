@@ -10,6 +10,10 @@ digest). Knows nothing about servers, engines or results.
 
 `WeightsHash` computes in a background thread, so that hashing a large checkpoint overlaps with
 the server's own start; whoever needs the digest waits for it then.
+
+Also owns what a checkpoint holds without loading it (`checkpoint_tensors`: each tensor's name,
+shape and dtype from the safetensors headers; `ties_word_embeddings`: whether its LM head is its
+embedding, from config.json), which a tensor push is checked against before anything is sent.
 """
 
 from __future__ import annotations
@@ -19,17 +23,20 @@ import contextlib
 import hashlib
 import json
 import os
+import struct
 import tempfile
 import threading
 from pathlib import Path
 
 from ..core._paths import cache_dir
 
-__all__ = ["WeightsHash", "weights_sha256"]
+__all__ = ["TensorSpec", "WeightsHash", "checkpoint_tensors", "ties_word_embeddings", "weights_sha256"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 _ALSO = ("config.json",)
 _CHUNK = 8 << 20
+# A safetensors header longer than this is not one (the format caps it at 100 MB).
+_MAX_HEADER = 100 << 20
 _memo_lock = threading.Lock()
 
 
@@ -113,3 +120,44 @@ def _write_memo(memo: dict[str, str]) -> None:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+# A checkpoint tensor as its file header describes it: shape and safetensors dtype ("BF16", "F32").
+TensorSpec = tuple[tuple[int, ...], str]
+
+
+def checkpoint_tensors(path: str | os.PathLike[str]) -> dict[str, TensorSpec] | None:
+    """Name -> (shape, dtype) of every tensor in the checkout's safetensors files, read from their
+    headers (nothing is loaded); None where `path` is not a local checkout with safetensors files
+    (a .bin-only checkpoint, a hub id, a remote server's path) or a header cannot be read."""
+    root = Path(path)
+    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    if not files:
+        return None
+    tensors: dict[str, TensorSpec] = {}
+    try:
+        for file in files:
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                if size > _MAX_HEADER:
+                    return None
+                header = json.loads(f.read(size))
+            for name, entry in header.items():
+                if name != "__metadata__" and isinstance(entry, dict):
+                    tensors[name] = (tuple(int(n) for n in entry["shape"]), str(entry["dtype"]))
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return tensors
+
+
+def ties_word_embeddings(path: str | os.PathLike[str]) -> bool | None:
+    """Whether the checkout's config ties the LM head to the input embedding (`tie_word_embeddings`,
+    also under `text_config`); None where there is no readable config.json saying so."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") if isinstance(config, dict) else None):
+        if isinstance(section, dict) and isinstance(section.get("tie_word_embeddings"), bool):
+            return bool(section["tie_word_embeddings"])
+    return None
