@@ -159,6 +159,7 @@ def build_app(state: BackendState, *, api_key: str | None = None) -> web.Applica
         app.router.add_route(method, "/generate", routes.generate)
     app.router.add_post("/abort_request", routes.abort_request)
     app.router.add_post("/update_weights_from_disk", routes.update_weights_from_disk)
+    app.router.add_post("/update_weights_from_tensor", routes.update_weights_from_tensor)
     app.router.add_post("/update_weight_version", routes.update_weight_version)
     app.router.add_post("/parse_function_call", routes.parse_function_call)
     if state.server_args.get("enable_metrics"):
@@ -413,6 +414,34 @@ class Routes:
                 message += f" Weight version updated to {version}."
         payload = {"success": success, "message": message, "num_paused_requests": 0}
         return json_response(payload, 200 if success else 400)
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        """SGLang's UpdateWeightsFromTensorReqInput, the tensors by value (`_tensors`): rank 0's entry
+        is loaded once in-flight requests finish; 200 or 400 with {"success", "message"}. Where
+        SGLang's scheduler would die (an undecodable payload, a shape mismatch), this answers 400."""
+        try:
+            body = await _json_body(request)
+            entries = typed(body, "serialized_named_tensors", (list,), "a list of strings", items=(str,), required=True)
+            load_format = typed(body, "load_format", (str, type(None)), "a string")
+            flush = typed(body, "flush_cache", (bool, type(None)), "a boolean")
+            version = typed(body, "weight_version", (str, type(None)), "a string")
+            abort_all = typed(body, "abort_all_requests", (bool, type(None)), "a boolean")
+            if not entries:
+                raise RequestValidationError("serialized_named_tensors needs one entry per TP rank (1 here)")
+        except RequestValidationError as e:
+            return validation_error(str(e))
+        runner = self.state.runner
+        if abort_all:
+            runner.abort(None)
+        try:
+            success, message = await self._on_scheduler(
+                lambda: runner.load_tensors(entries[0], load_format, flush_cache=flush is not False))
+        except ValueError as e:  # an undecodable payload or an unknown load format
+            success, message = False, f"Failed to update weights: {e}"
+        if success and version is not None:
+            self.state.weight_version = version
+            message += f" Weight version updated to {version}."
+        return json_response({"success": success, "message": message}, 200 if success else 400)
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         try:

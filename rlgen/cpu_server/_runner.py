@@ -4,8 +4,9 @@ Owns: the scheduler thread and its loop, the inbox through which the HTTP layer 
 (jobs, aborts, control calls), the waiting queue and admission under the running-request and
 prefill-token budgets, aborts, the one running batch and its prefill and decode steps, the
 prefix cache (`_prefix_cache`: what a prompt may reuse, what is stored after a prefill), and
-when the weights are reloaded, released and resumed, the way SGLang's memory saver does. It
-composes the parts that know less: `_model` (the forward pass, the LM head, the weights),
+when the weights are reloaded (from disk, or from tensors a request carries), released and
+resumed, the way SGLang's memory saver does. It composes the parts that know less: `_model` (the
+forward pass, the LM head, the weights), `_tensors` (weights sent as tensors),
 `_batch` (the batch's tensors and their surgery), `_sampling` (penalties, token choice, logprobs)
 and `_outputs` (stops, text, snapshots). It knows nothing about HTTP or JSON: results leave as
 `SeqOutput` snapshots through each job's `sink` callback, called on the scheduler thread.
@@ -49,6 +50,7 @@ from rlgen.cpu_server._model import (
 from rlgen.cpu_server._outputs import check_finished, deliver, ends_with_stop_prefix, error_output, snapshot, stop_tail
 from rlgen.cpu_server._prefix_cache import PrefixCache
 from rlgen.cpu_server._sampling import apply_penalties, choose, fill_input_logprobs, top_k
+from rlgen.cpu_server._tensors import decode_payload, load_named_tensors, named_tensors
 
 __all__ = ["DEFAULT_PREFIX_CACHE_BYTES", "MEMORY_TAGS", "Runner"]
 
@@ -166,6 +168,18 @@ class Runner:
         if success:
             self.model_path = model_path
             # Cached keys and values were computed with the old weights (SGLang flushes here too).
+            self.prefix_cache.clear()
+        return success, message
+
+    def load_tensors(self, entry: str, load_format: str | None, *, flush_cache: bool) -> tuple[bool, str]:
+        """Load weights sent as tensors (one rank's `serialized_named_tensors` entry) into the live
+        model (scheduler thread; use `call`). Decoded here, not on the event loop: a large bucket
+        takes a while. The prefix cache is emptied only with `flush_cache` (SGLang's field: a
+        client sending several buckets flushes with the last)."""
+        if "weights" in self.released:
+            return False, "Failed to update weights: the weights are released; resume_memory_occupation first."
+        success, message = load_named_tensors(self.model, named_tensors(decode_payload(entry), load_format))
+        if success and flush_cache:
             self.prefix_cache.clear()
         return success, message
 
