@@ -62,6 +62,8 @@ class EngineBase:
     _weights: WeightsHash
     _weight_version: str | None
     _weights_path: str | None
+    _weights_pushed: str | None
+    _disk_version: str | None
     _weight_updates: int
     _released: set[str]
     _gpu_name: str | None

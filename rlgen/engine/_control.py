@@ -68,6 +68,7 @@ class ControlMixin(EngineBase):
         if isinstance(result, dict) and result.get("success") is False:
             raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
         self._weights_path = str(path)
+        self._weights_pushed = None
         self._weights = WeightsHash(path)  # the new weights' content hash, for records and the cache
         info = _loop.run_sync(self._client.get_info("model", timeout=30))
         self._weight_version = info.get("weight_version", version)
@@ -108,12 +109,12 @@ class ControlMixin(EngineBase):
         `load`: a checkpoint to load instead (`update_weights_from_disk(load, weight_version=)`):
         one load rather than reloading the old weights and then loading new ones, and the old
         checkpoint need not exist any more.
+
+        Weights pushed from tensors (`update_weights`) are not on disk: a reload brings back the
+        checkpoint loaded before them, under its version. Push inside `paused()` to avoid that.
         """
         self._check_ready()
-        body = {"tags": list(tags)} if tags else {}
-        self._control("/resume_memory_occupation", body, what="resume_memory()")
-        resumed = set(tags) if tags else self._released
-        self._released = self._released - resumed
+        resumed = self._resume(tags)
         if load is not None:
             self.update_weights_from_disk(load, weight_version=weight_version)
             return
@@ -122,10 +123,26 @@ class ControlMixin(EngineBase):
         # so outputs are unchanged. The path and the version are the ones this Engine last loaded
         # (connect or update_weights_from_disk), one source for both.
         if "weights" in resumed:
-            self._control("/update_weights_from_disk", {
-                "model_path": self._weights_path or self.model_path,
-                "weight_version": self._weight_version,
-            }, what="resume_memory() reloading the weights")
+            self._reload_disk_weights("resume_memory() reloading the weights")
+
+    def _resume(self, tags: Sequence[str] | None) -> set[str]:
+        """POST /resume_memory_occupation for `tags` (None: those this Engine released, by name: SGLang's
+        scheduler fails on a tag that is not released); returns the tags resumed."""
+        resuming = set(tags) if tags else set(self._released)
+        body = {"tags": sorted(resuming)} if resuming else {}
+        self._control("/resume_memory_occupation", body, what="resume_memory()")
+        self._released = self._released - resuming
+        return resuming
+
+    def _reload_disk_weights(self, what: str) -> None:
+        """Load the weights this Engine last loaded from disk again, under the version they had."""
+        version = self._disk_version if self._weights_pushed is not None else self._weight_version
+        path = self._weights_path or self.model_path
+        self._control("/update_weights_from_disk", {"model_path": path, "weight_version": version}, what=what)
+        if self._weights_pushed is not None:
+            self._weights_pushed = None
+            self._weight_version = version
+            self._weights = WeightsHash(path)
 
     @contextlib.contextmanager
     def paused(self, *, load: str | os.PathLike[str] | None = None, weight_version: str | None = None

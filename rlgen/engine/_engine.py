@@ -4,8 +4,9 @@ Owns: construction (`Engine(...)`: launch, reattach to a kept server, or `replic
 sglang-router; `Engine.connect(url)`), the client and tokenizer it connects with, its lifecycle
 (`close`, context manager, state) and introspection (`info`, reprs). Its calls come from mixins,
 one module per job: generation (`_generation`), scoring (`_scoring`), server control
-(`_control`), over the shared state in `_base`. Knows nothing about process signals, padding,
-SGLang's response format or HTML: those live in `rlgen.server`, `rlgen.client` and `rlgen.rollouts`.
+(`_control`), weights pushed from tensors (`_weights`), over the shared state in `_base`. Knows
+nothing about process signals, padding, SGLang's response format or HTML: those live in
+`rlgen.server`, `rlgen.client` and `rlgen.rollouts`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from ..server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, serve
 from ..server._models import resolve_model
 from ..server._weights import WeightsHash
 from ._base import EngineState
-from ._control import ControlMixin
 from ._episodes import EpisodesMixin
 from ._generation import GenerationMixin
 from ._scoring import ScoringMixin
@@ -44,6 +44,7 @@ from ._startup import (
     registry_kept_summary,
     timed_load_tokenizer,
 )
+from ._weights import WeightsMixin
 
 if TYPE_CHECKING:
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "EngineState"]
 
-class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, ControlMixin):
+class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
     """An SGLang server owned by this notebook (or attached to), with a synchronous generate().
 
     Usage::
@@ -382,6 +383,8 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, ControlMixin):
         self._gpu_memory_released: bool | None = None
         self._weight_updates = 0
         self._weights_path: str | None = None  # where the served weights were last loaded from
+        self._weights_pushed: str | None = None  # the version pushed from tensors, while the server serves it
+        self._disk_version: str | None = None    # the version the weights at _weights_path had before that push
         self._released: set[str] = set()      # memory tags released and not yet resumed
         self._behind_router = False           # connect() to an sglang-router: see rlgen.client._router
         self._replicas = None

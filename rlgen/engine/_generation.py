@@ -202,6 +202,10 @@ class GenerationMixin(EngineBase):
         from ..client._completion_cache import CompletionCache, cache_key
 
         digest = self._weights.result()
+        if digest is None and self._weights_pushed is not None:
+            raise EngineError("the completion cache keys completions by the served weights' content hash, and the "
+                              "weights pushed with update_weights() have none: pass cache=False, or save them and "
+                              "load them with update_weights_from_disk(path)")
         if digest is None:
             raise EngineError("the completion cache needs the served weights on this machine (their content hash is "
                               f"part of every key), and {self._weights.path or self.model_path!r} is not a local "
@@ -296,7 +300,8 @@ class GenerationMixin(EngineBase):
             "backend": self.backend,
             "model": self.model,
             "model_path": self.model_path,
-            "weights_path": self._weights_path or self.model_path,
+            # None for weights pushed from tensors (update_weights): they are on no disk
+            "weights_path": None if self._weights_pushed is not None else self._weights_path or self.model_path,
             "weights_sha256": self._weights.result(),
             "weight_versions": versions,
             "server_args": self._command(),
