@@ -307,7 +307,7 @@ class Episodes(Rollouts):
 
     def check_drift(self, *, tokenizer: Any = None) -> Episodes:
         """A copy with the drift inspector's columns: `drift` (the first divergence's cause: "same",
-        "boundary", "rewritten_history", "retokenized", ...), `drift_turn` and `drift_position`
+        "boundary", "rewritten history", "retokenized", "other"), `drift_turn` and `drift_position`
         (None when the same). The view marks each drifted row; `drift_summary()` counts causes."""
         drifts = [self.drift(i, tokenizer=tokenizer) for i in range(len(self))]
         out = self._shallow_copy()
