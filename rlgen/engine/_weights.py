@@ -138,7 +138,7 @@ class WeightsMixin(ControlMixin):
                                f"({', '.join(map(str, devices))}): put them on one, or pass flatten=False")
         server_gpus = self._server_gpus()
         if server_gpus is not None:
-            wrong = [d for d in devices if device_uuid(d.index or 0).lower() not in server_gpus]
+            wrong = [d for d in devices if _uuid_key(device_uuid(d.index or 0)) not in server_gpus]
             if wrong:
                 raise WeightsError(
                     f"the tensors are on {', '.join(map(str, wrong))}, and the server runs on another GPU "
@@ -244,8 +244,13 @@ def _local_names(uuids: set[str]) -> str:
     """The server's GPUs as this process numbers them (cuda:N), or by UUID where it cannot see them."""
     import torch
 
-    visible = {device_uuid(i).lower(): f"cuda:{i}" for i in range(torch.cuda.device_count())}
+    visible = {_uuid_key(device_uuid(i)): f"cuda:{i}" for i in range(torch.cuda.device_count())}
     return ", ".join(sorted(visible.get(u, f"GPU-{u}") for u in uuids))
+
+
+def _uuid_key(uuid: str) -> str:
+    """A GPU UUID as `gpu_uuids_of` gives it: lowercase, without nvidia-smi's "GPU-" prefix."""
+    return uuid.lower().removeprefix("gpu-")
 
 
 def _collect_ipc() -> None:
