@@ -218,14 +218,15 @@ class Episodes(Rollouts):
         """A row per turn (assistant turns and the environment's replies): `run`, `row_id`,
         prompt_index, sample_index, turn, role, text, tokens, logprob_mean, tool_calls,
         tool_calls_failed, finish_reason, cached_tokens, prompt_tokens, latency_s, rlgen_s (the
-        runner's own time for an assistant turn), status (an environment reply's), and reward
-        after `add_turn_rewards`."""
+        runner's own time for an assistant turn), status (an environment reply's), calls (an
+        environment reply's tool calls: name, arguments, status, error), and reward after
+        `add_turn_rewards`."""
         import pandas as pd
 
         df = self._checked_df()
         keys = df[["run", "row_id", "prompt_index", "sample_index"]].to_dict("records")
         rewarded = any("reward" in t for m in self.meta_info for t in m.get("turns") or [])
-        columns = ["run", "row_id", "prompt_index", "sample_index", *TURN_COLUMNS[2:], "status",
+        columns = ["run", "row_id", "prompt_index", "sample_index", *TURN_COLUMNS[2:], "status", "calls",
                    *(["reward"] if rewarded else [])]
         rows = [{**key, **{c: t.get(c) for c in columns[4:]}}
                 for key, meta in zip(keys, self.meta_info) for t in meta.get("turns") or []]

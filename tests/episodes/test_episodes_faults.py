@@ -288,6 +288,10 @@ def test_malformed_tool_calls_and_unserialisable_results_end_with_their_own_stat
         assert len(r.assistant_turns) == len(SCRIPTS[prompt]), prompt  # ended at the fault, not before
         assert (r.error is None) == (prompt == "ok"), prompt
     assert got["ok"].messages[2] == {"role": "tool", "name": "add", "content": "5"}
+    calls = res.turns.dropna(subset=["calls"])
+    by_prompt = {list(SCRIPTS)[p]: c for p, c in zip(calls.prompt_index, calls.calls) if c}
+    assert by_prompt["ok"] == [{"name": "add", "arguments": {"a": 2, "b": 3}, "status": "ok", "error": None}]
+    assert by_prompt["a set"][0]["status"] == "not_serialisable"
     df = res.df.set_index(res.df.prompt_index.map(lambda i: list(SCRIPTS)[i]))
     assert df.loc["ok", "tool_calls"] == 1 and df.loc["ok", "tool_calls_failed"] == 0
     assert df.loc["a set", "tool_calls_failed"] == 1 and df.loc["unknown tool", "tool_calls_failed"] == 1
