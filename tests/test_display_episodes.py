@@ -214,9 +214,9 @@ def test_the_drift_marker_sits_at_the_first_divergent_token_with_its_cause_and_n
     (mark,) = re.findall(r'<span style="background:#c62828[^"]*" title="([^"]*)">drift ▸</span><span style="([^"]*)" title="([^"]*)"', cell)
     title, style, token_title = (html.unescape(x) for x in mark)
     assert token_title.startswith(f"response token {j}: ") and "outline:2px solid #c62828" in style
-    assert title.startswith("drift: retokenized") and f"response token {j}" in title
+    assert title.startswith("drift: retokenized") and f"response token {j}" in title and "in assistant 2" in title
     assert "'\\n\\n'" in title  # the token sampled where the re-render has '\n','\n', with its neighbours
-    assert "drift: retokenized" in cells(res._repr_html_(), 1)[0]
+    assert "retokenized" in cells(res._repr_html_(), 1)[0] and "drift: " in cells(res._repr_html_(), 1)[0]
     assert "drift ▸" not in turns_cell(res._repr_html_(), 0)
 
 
@@ -290,7 +290,7 @@ def test_the_browser_filters_by_status_and_steps_through_episodes_across_groups(
     assert b.matching().tolist() == [2]
     page = b.html()
     assert "episode 1 of 1 matching (4 in all)" in page and "status = tool_error" in page
-    assert "episode 0 (row 2) · tool_error · 1 turns · 1 tool calls (1 failed)" in page
+    assert "episode 0 (row 2) · tool_error · 1 turn · 1 tool call (1 failed)" in page
     b.status = None
     b.step(1)
     assert (b.group, b.sample) == (0, 1)
@@ -322,3 +322,11 @@ def test_the_browser_widget_has_a_status_dropdown_and_episode_buttons(res: Episo
     following.click()
     assert (b.group, b.sample) == (1, 0) and "episode 3 of 4 matching" in view.value
     assert [label for label, _ in episode.options] == ["0 (row 2) tool_error", "1 (row 3) request_error"]
+
+
+def test_the_browser_controls_open_on_a_status_set_from_code(res: Episodes) -> None:
+    pytest.importorskip("ipywidgets")
+    b = res.browse()
+    b.status = "max_turns"
+    status = b.widget().children[0].children[0]
+    assert status.value == "max_turns" and b.matching().tolist() == [1]

@@ -196,15 +196,18 @@ class RolloutBrowser:
             return None
         df = self.rollouts.df
         finishes = ["all", *sorted({str(f) for f in df["finish_reason"]})]
-        finish = w.Dropdown(options=finishes, value="all", description="finish", layout=w.Layout(width="14em"))
+        # The controls open on the selection set from code (e.g. `b.status = "done"` before showing b).
+        finish = w.Dropdown(options=finishes, value=self.finish if self.finish in finishes else "all", description="finish",
+                            layout=w.Layout(width="14em"))
         # Wide enough for its placeholder next to its label (a narrower box cut it to "The pa").
         search = w.Text(placeholder="text in prompt or completion", description="search", continuous_update=False,
                         layout=w.Layout(width="24em", min_width="24em"))
         controls: list[Any] = [finish]
         status: Any = None
         if "status" in df.columns:
-            status = w.Dropdown(options=[("all", "all"), *((f"{k} ({v})", k) for k, v in status_counts(self.rollouts))],
-                                value="all", description="status", layout=w.Layout(width="16em"))
+            options = [("all", "all"), *((f"{k} ({v})", k) for k, v in status_counts(self.rollouts))]
+            status = w.Dropdown(options=options, value=self.status if self.status in {v for _, v in options} else "all",
+                                description="status", layout=w.Layout(width="16em"))
             controls.insert(0, status)
         reward: Any = None
         if self.reward is not None:
@@ -219,7 +222,8 @@ class RolloutBrowser:
         unit = "episode" if self.episodes else "group"
         previous, following = w.Button(description=f"◀ {unit}", layout=w.Layout(width="8em")), w.Button(
             description=f"{unit} ▶", layout=w.Layout(width="8em"))
-        sample = w.Dropdown(options=[0], description="episode" if self.episodes else "sample", layout=w.Layout(width="16em"))
+        sample = w.Dropdown(options=[0], description="episode" if self.episodes else "sample",
+                            layout=w.Layout(width="22em" if self.episodes else "16em"))
         view = w.HTML(layout=w.Layout(width="auto", overflow="auto"))
 
         def redraw(*_: Any) -> None:

@@ -218,17 +218,19 @@ def episode_cell(row: Any) -> str:
             lines.append('<span style="color:#888" title="the ids are the re-render of the messages, token for token">no drift</span>')
         else:
             lines.append(f'<span style="color:{_FAILURE};font-weight:bold" title="the first divergence from a trainer\'s '
-                         f're-render: {html.escape(cause)} (marked in the trajectory)">drift: {html.escape(cause)}</span>')
+                         f're-render: {html.escape(cause)} (marked in the trajectory)">drift: '
+                         f'<span style="white-space:nowrap">{html.escape(cause)}</span></span>')
     return "".join(f"<div>{line}</div>" for line in lines)
 
 
 def episode_title(row: Any) -> str:
     """One line of text for an episode shown whole (the browser)."""
     calls, failed = _int(row.get("tool_calls")), _int(row.get("tool_calls_failed"))
+    turns = _int(row.get("turns"))
     parts = [f"episode {row['sample_index']} (row {row['row_id']})", str(row.get("status")),
-             f"{_int(row.get('turns'))} turns"]
+             f"{turns} turn{'s' if turns != 1 else ''}"]
     if calls:
-        parts.append(f"{calls} tool calls" + (f" ({failed} failed)" if failed else ""))
+        parts.append(f"{calls} tool call{'s' if calls != 1 else ''}" + (f" ({failed} failed)" if failed else ""))
     parts.append(f"{_int(row.get('sampled_tokens'))} sampled of {row['completion_tokens']} tokens")
     parts.append(f"mean logprob {fmt_value(row['logprob_mean'])}")
     if isinstance(row.get("drift"), str):
@@ -316,7 +318,7 @@ _ROLE_COLOURS = {"assistant": "#3a8a5c", "tool": "#6a5acd", "user": "#777", "sys
 # Each turn is a block with a coloured left edge: the boundary between turns is where a block ends.
 _TURN = "border-left:3px solid {};padding-left:4px;margin:3px 0"
 _ENV_TOKEN = "color:#666"
-_ENV_BLOCK = "background:#f2f2f2"
+_ENV_BLOCK = "background:#ebebeb"  # distinct from JupyterLab's striped rows (#f5f5f5-ish)
 _CLOSING = "color:#666;border:1px dashed #999;border-radius:3px"
 _DRIFT = "outline:2px solid #c62828"
 _DRIFT_MARK = "background:#c62828;color:#fff;font-weight:bold;font-size:75%;border-radius:2px;padding:0 3px;margin-right:1px"
@@ -373,7 +375,7 @@ def _calls_html(turn: dict[str, Any] | None, messages: list[dict[str, Any]]) -> 
     return "".join(chips)
 
 
-def _drift_info(r: RolloutsView, i: int, row: Any) -> tuple[int, str] | None:
+def _drift_info(r: RolloutsView, i: int, row: Any, segs: Sequence[Segment] = ()) -> tuple[int, str] | None:
     """(the response position of the first divergence, the marker's title), None without drift."""
     cause = row.get("drift")
     position = row.get("drift_position")
@@ -387,9 +389,14 @@ def _drift_info(r: RolloutsView, i: int, row: Any) -> tuple[int, str] | None:
     pieces = token_pieces(r, window, None) or [f"id {t}" for t in window]
     shown = " ".join(f"[{p!r}]" if lo + k == j else repr(p) for k, p in enumerate(pieces))
     where = f"response token {j} (position {whole} of the ids)" if j >= 0 else f"position {whole}, in the prompt"
-    turn = row.get("drift_turn")
+    seg = next((s for s in segs if s.start <= j < s.end), None)
+    if seg is not None:
+        closing = seg.kind == "env" and j < seg.start + seg.closing
+        where += (f", in assistant {seg.turn + 1}" if seg.kind == "assistant" else
+                  f", the closing EOS after assistant {seg.turn + 1}" if closing else
+                  f", in the environment's message after assistant {seg.turn + 1}")
     title = (f"drift: {cause} — the first token where these ids differ from a trainer's re-render of the messages, "
-             f"at {where}" + (f", turn {_int(turn)} as res.drift(i) counts turns" if _int(turn, -1) >= 0 else "")
+             f"at {where}"
              + (f"\nthese ids: {shown}" if shown else "") + (" (the ids end here)" if j >= len(ids) else "")
              + "\nres.drift(i) shows both sides")
     return j, title
@@ -461,10 +468,10 @@ def turns_html(r: RolloutsView, i: int, *, max_tokens: int, env_cap: int | None 
 
     segs = segments(mask, tok["turn_ids"], assistant, special)
     plan, cut_at = _plan(segs, env_cap, max_tokens)
+    drift = _drift_info(r, i, row, segs)
     drawn = [j for _, keep in plan for j in keep if j != _ELIDED]
     t = row_tokens(r, i, max_tokens=max(drawn) + 1 if drawn else 0)
     env_messages = _env_messages(row)
-    drift = _drift_info(r, i, row)
 
     def marked(j: int) -> tuple[str, str]:
         """(the drift mark before token j, the style that outlines it): empty unless j is the divergence."""
