@@ -9,6 +9,10 @@ at 1,400 x 900, and writes PNGs of each output plus the measured widths (JSON):
 
     /tmp/pw/bin/python scripts/lab_screenshots.py --out docs/images
 
+`--notebook episodes` runs multi-turn episodes on the CPU backend instead (a user who asks again, a
+tool that works, a tool that fails; `check_drift()`), shows them and `browse()`s them; its files are
+named `lab-episodes-*`.
+
 1. trusted: the notebook is opened in JupyterLab and run there (Run > Run All Cells);
 2. untrusted: the same notebook executed by nbconvert first, then opened (JupyterLab does not
    trust outputs it did not produce, and strips <style> blocks from them).
@@ -46,9 +50,52 @@ CELLS = [
 ]
 
 
-def notebook() -> dict:
+EPISODE_CELLS = [
+    "import re\nimport rlgen\nfrom rlgen import episodes\neng = rlgen.Engine(progress=False)",
+    '''def again(messages, data):
+    """A user who asks again until the answer has a number in it."""
+    return "done" if re.search(r"\\d", messages[-1]["content"]) else "Are you sure? Answer with a number."
+
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: the first.
+        b: the second.
+    """
+    return a + b
+
+def divide(a: int, b: int) -> float:
+    """Divide a by b.
+
+    Args:
+        a: the dividend.
+        b: the divisor.
+    """
+    return a / b
+
+# The 135M model writes no tool calls: these parsers read its turn as one.
+def numbers_as_add(text):
+    """A turn's first two numbers as add(a, b); no call without two numbers (the episode ends)."""
+    nums = [int(x) for x in re.findall(r"\\d+", text)]
+    return [("add", {"a": nums[0], "b": nums[1]})] if len(nums) >= 2 else []''',
+    '''sampling = dict(max_turns=3, max_new_tokens=24, temperature=1.0, sampling_seed=0)
+chat = eng.episodes(["What is 2+3?", "Name a colour."], env=again, n=2, **sampling)
+added = eng.episodes(["Add 2 and 3 with the add tool."], env=episodes.tool_env([add], parser=numbers_as_add), n=2, **sampling)
+divided = eng.episodes(["Divide 1 by 0."], env=episodes.tool_env([divide], parser=lambda text: [("divide", {"a": 1, "b": 0})]),
+                       n=1, **sampling)
+res = rlgen.Episodes.concat([chat, added, divided], renumber=True).check_drift()
+res''',
+    "b = res.browse()\nb.status = 'done'  # the selection can be set from code, as from the controls\n"
+    "b.step(3)  # the fourth matching episode\nb",
+]
+NOTEBOOKS = {"view": CELLS, "episodes": EPISODE_CELLS}
+OUTPUTS = {"view": 3, "episodes": 2}  # outputs to wait for in the live run
+
+
+def notebook(cells: list[str] = CELLS) -> dict:
     return {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
-                       "source": src} for i, src in enumerate(CELLS)],
+                       "source": src} for i, src in enumerate(cells)],
             "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
             "nbformat": 4, "nbformat_minor": 5}
 
@@ -100,13 +147,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    parser.add_argument("--notebook", choices=sorted(NOTEBOOKS), default="view")
     args = parser.parse_args()
+    cells = NOTEBOOKS[args.notebook]
+    prefix = "lab" if args.notebook == "view" else f"lab-{args.notebook}"
     args.out.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
     work = Path(tempfile.mkdtemp(prefix="rlgen-lab-"))
-    (work / "live.ipynb").write_text(json.dumps(notebook()))
-    (work / "executed.ipynb").write_text(json.dumps(notebook()))
+    (work / "live.ipynb").write_text(json.dumps(notebook(cells)))
+    (work / "executed.ipynb").write_text(json.dumps(notebook(cells)))
     subprocess.run([str(VENV_PY), "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
                     "--ExecutePreprocessor.timeout=600", str(work / "executed.ipynb")], check=True)
     port, token = free_port(), "rlgen-shots"
@@ -129,7 +179,7 @@ def main() -> None:
             page.goto(f"http://127.0.0.1:{port}/lab/tree/executed.ipynb?token={token}")
             page.wait_for_selector(".jp-OutputArea-output", timeout=120_000)
             time.sleep(3)
-            results["untrusted"] = shoot(page, args.out, "lab-untrusted")
+            results["untrusted"] = shoot(page, args.out, f"{prefix}-untrusted")
             # Trusted: run live in JupyterLab.
             page.goto(f"http://127.0.0.1:{port}/lab/tree/live.ipynb?token={token}")
             page.wait_for_selector(".jp-Notebook", timeout=120_000)
@@ -138,15 +188,15 @@ def main() -> None:
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_text("Run All Cells", exact=True).click()
             visible = "[...document.querySelectorAll('.jp-Notebook')].find(n => n.checkVisibility())"
-            page.wait_for_function(f"{visible}.querySelectorAll('.jp-OutputArea-output').length >= 3", timeout=300_000)
+            page.wait_for_function(f"{visible}.querySelectorAll('.jp-OutputArea-output').length >= {OUTPUTS[args.notebook]}", timeout=300_000)
             page.wait_for_function(f"[...{visible}.querySelectorAll('.jp-InputArea-prompt')]"
                                    ".every(p => !p.textContent.includes('*'))", timeout=300_000)
             time.sleep(3)
-            results["trusted"] = shoot(page, args.out, "lab-trusted")
+            results["trusted"] = shoot(page, args.out, f"{prefix}-trusted")
             browser.close()
     finally:
         os.killpg(lab.pid, 15)
-    (args.out / "lab-screenshots.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"{prefix}-screenshots.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1)[:4000])
 
 
