@@ -135,7 +135,7 @@ def labels(fragment: str) -> list[str]:
 def test_an_episodes_result_is_told_by_its_data_and_says_so_in_its_text_repr(res: Episodes) -> None:
     assert is_episodes(res)
     assert repr(res) == (f"<Episodes 4 episodes (2 prompts x 2) | {res.n_tokens} tokens, {int(res.df.sampled_tokens.sum())} "
-                         "sampled | statuses: done 1, max_turns 1, request_error 1, tool_error 1 | drift: 2 of 4 | model=tiny>")
+                         "sampled | statuses: done 1, max_turns 1, request_error 1, tool_error 1 | drift: 1 of 3 | model=tiny>")
 
 
 def test_each_turn_gets_a_role_label_and_its_own_block(res: Episodes) -> None:
@@ -196,7 +196,7 @@ def test_the_header_counts_episodes_prompts_statuses_and_drift(res: Episodes) ->
     page = res._repr_html_()
     line = re.sub(r"<[^>]+>", "", re.search(r"<summary[^>]*>(.*?)</summary>", page, re.S).group(1))
     assert line.startswith("4 episodes · 2 prompts · statuses: done 1 · max_turns 1 · request_error 1 · tool_error 1 · "
-                           "drift: 2 of 4 · ")
+                           "drift: 1 of 3 · ")
     assert "mask with loss_mask" in line
 
 
@@ -220,15 +220,19 @@ def test_the_drift_marker_sits_at_the_first_divergent_token_with_its_cause_and_n
     assert "drift ▸" not in turns_cell(res._repr_html_(), 0)
 
 
-def test_a_divergence_inside_the_prompt_is_marked_where_the_response_starts(res: Episodes) -> None:
-    # The episode whose first request failed has no assistant turn; the inspector finds its ids
-    # (the prompt with the generation prompt) differ from the re-render of its messages there.
+def test_an_episode_never_answered_has_no_drift_and_a_divergence_in_the_prompt_is_marked_where_the_response_starts(
+        res: Episodes) -> None:
+    # The episode whose first request failed sampled nothing: nothing to compare, no cause, no mark.
     row = res.df.iloc[3]
-    assert row["drift"] == "other" and int(row["drift_position"]) < int(row["prompt_tokens"])
-    cell = turns_cell(res._repr_html_(), 3)
+    assert row["drift"] is None and "drift ▸" not in turns_cell(res._repr_html_(), 3)
+    # A template that rewrites a message of the prompt (a demo's think block) diverges before the response.
+    inside = res.with_columns({"drift": ["rewritten history", *res.df.drift[1:]],
+                               "drift_position": [int(res.df.prompt_tokens[0]) - 3, *res.df.drift_position[1:]],
+                               "drift_turn": [0, *res.df.drift_turn[1:]]})
+    cell = turns_cell(inside._repr_html_(), 0)
     (title,) = re.findall(r'<span style="background:#c62828[^"]*" title="([^"]*)">drift ▸</span>', cell)
-    assert f"position {int(row['drift_position'])}, in the prompt" in html.unescape(title)
-    assert cell.index("drift ▸") < cell.index("(empty)")
+    assert f"position {int(res.df.prompt_tokens[0]) - 3}, in the prompt" in html.unescape(title)
+    assert cell.index("assistant 1") < cell.index("drift ▸") < cell.index("&lt;|im_end|&gt;")  # on the first response token
 
 
 def test_episode_columns_are_not_shown_as_data_columns(res: Episodes) -> None:

@@ -240,7 +240,7 @@ class ToolEnv(EpisodeEnv):
             result = await acall_tool(tool, call.arguments, timeout=self.timeout)
             reply.tool_calls += 1
             reply.calls.append({"name": call.name, "arguments": call.arguments, "status": result.status,
-                                "error": result.error})
+                                "error": result.error, "result": result.text if result.ok else None})
             if not result.ok:
                 reply.tool_calls_failed += 1
                 if self.on_tool_error == "end":

@@ -308,18 +308,28 @@ class Episodes(Rollouts):
 
     def check_drift(self, *, tokenizer: Any = None) -> Episodes:
         """A copy with the drift inspector's columns: `drift` (the first divergence's cause: "same",
-        "boundary", "rewritten history", "retokenized", "other"), `drift_turn` and `drift_position`
-        (None when the same). The view marks each drifted row; `drift_summary()` counts causes."""
-        drifts = [self.drift(i, tokenizer=tokenizer) for i in range(len(self))]
+        "boundary", "rewritten history", "retokenized", "other"; None for an episode the model
+        never answered), `drift_turn` and `drift_position` (None when the same). The view marks
+        each drifted row; `drift_summary()` counts causes."""
+        drifts = self._drifts(tokenizer)
         out = self._shallow_copy()
-        out._df = self._df.assign(drift=[d.cause for d in drifts],
-                                  drift_turn=pd_int([d.turn for d in drifts]),
-                                  drift_position=pd_int([d.position for d in drifts]))
+        import pandas as pd
+
+        causes = pd.Series([d.cause if d is not None else None for d in drifts], dtype=object, index=self._df.index)
+        out._df = self._df.assign(drift=causes,
+                                  drift_turn=pd_int([d.turn if d is not None else None for d in drifts]),
+                                  drift_position=pd_int([d.position if d is not None else None for d in drifts]))
         return out
 
+    def _drifts(self, tokenizer: Any) -> list[Drift | None]:
+        """Each row's drift; None for an episode the model never answered (nothing sampled to compare)."""
+        sampled = self._df["sampled_tokens"].to_numpy()
+        return [self.drift(i, tokenizer=tokenizer) if sampled[i] > 0 else None for i in range(len(self))]
+
     def drift_summary(self, *, tokenizer: Any = None) -> pd.DataFrame:
-        """Episodes counted by the cause of their first divergence (see `rlgen.episodes.drift_summary`)."""
-        return drift_summary(self.drift(i, tokenizer=tokenizer) for i in range(len(self)))
+        """Episodes counted by the cause of their first divergence (see `rlgen.episodes.drift_summary`);
+        episodes without a sampled token are left out."""
+        return drift_summary(d for d in self._drifts(tokenizer) if d is not None)
 
 
 def pd_int(values: Sequence[int | None]) -> Any:

@@ -212,7 +212,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                 "tokens": 0, "logprob_mean": None, "tool_calls": reply.tool_calls,
                 "tool_calls_failed": reply.tool_calls_failed, "finish_reason": None, "cached_tokens": None,
                 "prompt_tokens": None, "latency_s": reply.seconds, "status": reply.status, "done": reply.done,
-                "calls": reply.calls,
+                "calls": reply.calls, "roles": [m.get("role") for m in reply.messages],
             })
             if reply.status is not None:
                 assistant["rlgen_s"] += time.perf_counter() - t

@@ -70,6 +70,9 @@ def test_an_environment_returning_the_wrong_type_ends_with_bad_env_return_saying
         assert "expected" in error and '{"role": "user" | "tool" | "system", "content": str}' in error, (d, error)
     assert "{'answer': 4}" in (by["dict without role or content"].error or "")
     assert "at item 0" in (by["list of str"].error or "")
+    checked = res.check_drift()  # nothing sampled, nothing to compare: no drift cause, left out of the summary
+    assert checked.df.drift.tolist()[0] is None and checked.df.drift.notna()[1:].all()
+    assert int(checked.drift_summary().loc["all", "episodes"]) == len(data) - 1
 
 
 class Raises:
@@ -290,7 +293,8 @@ def test_malformed_tool_calls_and_unserialisable_results_end_with_their_own_stat
     assert got["ok"].messages[2] == {"role": "tool", "name": "add", "content": "5"}
     calls = res.turns.dropna(subset=["calls"])
     by_prompt = {list(SCRIPTS)[p]: c for p, c in zip(calls.prompt_index, calls.calls) if c}
-    assert by_prompt["ok"] == [{"name": "add", "arguments": {"a": 2, "b": 3}, "status": "ok", "error": None}]
+    assert by_prompt["ok"] == [{"name": "add", "arguments": {"a": 2, "b": 3}, "status": "ok", "error": None,
+                                "result": "5"}]
     assert by_prompt["a set"][0]["status"] == "not_serialisable"
     df = res.df.set_index(res.df.prompt_index.map(lambda i: list(SCRIPTS)[i]))
     assert df.loc["ok", "tool_calls"] == 1 and df.loc["ok", "tool_calls_failed"] == 0
