@@ -7,6 +7,7 @@
 #   bash scripts/gpu/episodes.sh episodes   # calculator-tool episodes through rlgen's Engine on SGLang: statuses,
 #                                           # success, drift by cause, concurrency (scripts/gpu/episodes_check.py)
 #   bash scripts/gpu/episodes.sh bench      # bench/episodes.py: episodes vs one generate, prefix cache, rlgen's time
+#   bash scripts/gpu/episodes.sh notebook   # notebooks/06_multi_turn.ipynb under nbmake (its lessons are asserted)
 #   bash scripts/gpu/episodes.sh all        # the three, one after the other (~10-15 min: more than one call)
 # Each part writes straight to $OUT, so a call cut by its time limit keeps what it had.
 source "$(dirname "$0")/common.sh"
@@ -40,6 +41,13 @@ part_episodes() {
   echo "episodes: exit $?"; tail -15 "$OUT/episodes_check.txt"
 }
 
+part_notebook() {
+  # tutorial 06 on SGLang: its lessons are asserted in the notebook
+  timeout 420 python3 -m pytest -p no:cacheprovider -q --nbmake --nbmake-timeout=400 notebooks/06_multi_turn.ipynb \
+    > "$OUT/06_multi_turn.txt" 2>&1
+  echo "notebook 06: exit $?"; tail -30 "$OUT/06_multi_turn.txt"
+}
+
 part_bench() {
   timeout 480 python3 bench/episodes.py --backend sglang --out "$OUT/episodes_bench.json" "${EXTRA[@]}" \
     > "$OUT/episodes_bench.txt" 2>&1
@@ -51,7 +59,8 @@ case "$PART" in
   parse) part_parse ;;
   episodes) part_episodes ;;
   bench) part_bench ;;
+  notebook) part_notebook ;;
   all) part_parse; part_episodes; part_bench ;;
-  *) echo "usage: bash scripts/gpu/episodes.sh parse|episodes|bench|all" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu/episodes.sh parse|episodes|bench|notebook|all" >&2; exit 2 ;;
 esac
 ps aux | grep -E "[s]glang.launch_server|[_]keep_alive" | head -5 > "$OUT/leftover-episodes-$PART.txt"
