@@ -114,8 +114,8 @@ def test_buckets_bound_their_bytes_and_a_large_tensor_goes_alone() -> None:
 
 @pytest.mark.parametrize("flatten", [False, True])
 def test_a_by_value_body_is_sglangs_request_and_decodes_to_the_same_tensors(flatten: bool) -> None:
-    big = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    named = [("x", big[1:]), ("y", torch.tensor([1.5, 2.5], dtype=torch.bfloat16))]   # a view of a larger storage
+    big = torch.arange(4000, dtype=torch.float32).reshape(1000, 4)   # 16 kB
+    named = [("x", big[1:3]), ("y", torch.tensor([1.5, 2.5], dtype=torch.bfloat16))]   # a view of it: 32 bytes
     body = bucket_body(named, transport=Transport.VALUE, flatten=flatten, tp_size=2, flush_cache=False,
                        weight_version="v")
     assert body.keys() == {"serialized_named_tensors", "load_format", "flush_cache", "weight_version"}
@@ -125,7 +125,7 @@ def test_a_by_value_body_is_sglangs_request_and_decodes_to_the_same_tensors(flat
     assert len(base64.b64decode(body["serialized_named_tensors"][0])) < 2000
     decoded = named_tensors(decode_payload(body["serialized_named_tensors"][0]), body["load_format"])
     assert [n for n, _ in decoded] == ["x", "y"]
-    assert torch.equal(decoded[0][1], big[1:]) and decoded[1][1].dtype == torch.bfloat16
+    assert torch.equal(decoded[0][1], big[1:3]) and decoded[1][1].dtype == torch.bfloat16
     assert torch.equal(decoded[1][1], named[1][1])
 
 
