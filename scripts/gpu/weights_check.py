@@ -11,7 +11,8 @@ SGLang server (memory saver on) on the same GPU. Phases, each saved to --out as 
     perturbed   noise on every matrix (in place, as a training step), pushed: logprobs move, checksum
                 changes, rows carry the version; the same weights saved to disk and loaded with
                 update_weights_from_disk on the same server: logprobs and checksum equal the push's
-    restore     the original tensors pushed back: logprobs and checksum of the checkpoint again
+    restore     copies of the original tensors pushed back and zeroed the moment the call returns (the
+                server must hold its own copy by then): logprobs and checksum of the checkpoint again
     buckets     bucket_mb 16 (several requests) with and without flatten, 512 with flatten: the same
                 result as one request (requests counted)
     timing      repeats in a shuffled order: update_weights (512 MiB buckets; flatten; 32 MiB buckets),
@@ -124,8 +125,14 @@ def main() -> None:
                             "push_equals_disk": diff(pushed, from_disk)["max"] <= tol,
                             "checksum_push_equals_disk": same(c1, c_disk)})
 
-        # -- restore ---------------------------------------------------------------------------
-        eng.update_weights(originals, weight_version="restored")
+        # -- restore: copies of the originals, zeroed the moment the call returns (as a trainer's
+        # next step would write them): the server must have copied them by then -------------
+        copies = {n: t.clone() for n, t in originals.items()}
+        eng.update_weights(copies, weight_version="restored")
+        for t in copies.values():
+            t.zero_()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         phase("restore", {**diff(base, score(eng)), "checksum_equal": same(checksum(eng), c0)})
 
         # -- buckets -----------------------------------------------------------------------------
