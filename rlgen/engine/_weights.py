@@ -96,10 +96,12 @@ class WeightsMixin(ControlMixin):
                     self._send_bucket(group, transport=transport, flatten=flatten, tp_size=tp_size,
                                       flush_cache=flush and last, weight_version=version if last else None,
                                       retries=retries, backoff_s=backoff_s)
-                except RequestError as err:
+                except BaseException as err:  # a request, or making one (memory), or Ctrl-C
                     if i:
                         self._mark_pushed(f"{version} (partial)")
-                    raise _failed_at(err, i, len(groups)) from err
+                    if isinstance(err, RequestError):
+                        raise _failed_at(err, i, len(groups)) from err
+                    raise
                 line.advance(len(group))
             line.close(totals=f"{len(checked.tensors):,} tensors · {total_mib:,.0f} MiB · "
                               f"{len(groups)} request{'s' if len(groups) != 1 else ''} ({transport.value})")
