@@ -53,8 +53,8 @@ class EpisodesMixin(EngineBase):
 
     def episodes(self, prompts: Any, *, env: Any, n: int = 1, max_turns: int = 4, max_new_tokens: int = 128,
                  temperature: float = 1.0, data: Any = None, env_timeout: float | None = 30.0,
-                 chat_template: str | None = None, progress: bool | None = None, max_in_flight: int = 64,
-                 **sampling: Any) -> Episodes:
+                 chat_template: str | None = None, progress: bool | None = None, max_in_flight: int = 256,
+                 batch_turns: bool = True, **sampling: Any) -> Episodes:
         """Run `n` multi-turn episodes per prompt, concurrently; returns `Episodes`, a `Rollouts`
         with a row per episode (`.df`; `.turns` a row per turn; `.tensors()` with `loss_mask`,
         `turn_ids` and `roles`; `.check_drift()`; rewards, parquet, the view as for `generate`).
@@ -80,7 +80,10 @@ class EpisodesMixin(EngineBase):
             chat_template: render the turns with this Jinja chat template instead of the model's
                 (e.g. a thinking template that rewrites history, to see its drift).
             progress: show a progress line (None: the Engine's setting).
-            max_in_flight: the most /generate requests in flight at once.
+            max_in_flight: the most turns in flight at once (server-side requests).
+            batch_turns: send the turns that are ready together as one batched /generate (SGLang
+                serves a batch about 2.4x faster than as many single requests); False: one request
+                per turn, each answered as soon as its sample finishes.
 
         Raises:
             TypeError / ValueError: bad prompts, env or options (nothing was sent).
@@ -120,7 +123,8 @@ class EpisodesMixin(EngineBase):
                 _loop.run_sync(run_episodes(self._client, tokenizer, chats, env=env, n=n, max_turns=max_turns,
                                             max_new_tokens=max_new_tokens, sampling=params,
                                             context_length=self.context_length, data=data, env_timeout=env_timeout,
-                                            max_in_flight=max_in_flight, records=records, on_episode=advance),
+                                            max_in_flight=max_in_flight, records=records, on_episode=advance,
+                                            batch_turns=batch_turns),
                                on_wait=line.tick)
             except BaseException:
                 if records:

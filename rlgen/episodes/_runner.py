@@ -29,6 +29,7 @@ from typing import Any
 from ..client._generate import gather_or_abort, new_rid
 from ..client._http import Client
 from ..core._errors import RequestError
+from ._coalesce import TurnBatcher
 from ._env import EnvReply, EpisodeEnv, as_environment
 from ._result import EpisodeRecord
 from ._template import closing_ids, eos_id, first_prompt_ids, message_delta_ids
@@ -68,7 +69,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                        data: Any = None, env_timeout: float | None = 30.0,
                        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                        records: list[EpisodeRecord] | None = None,
-                       on_episode: Any = None) -> list[EpisodeRecord]:
+                       on_episode: Any = None, batch_turns: bool = True) -> list[EpisodeRecord]:
     """Run `n` episodes per prompt (all concurrently, at most `max_in_flight` requests at once).
 
     Args:
@@ -87,6 +88,9 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         records: a list to fill in place (prompt-major, n per prompt), so that a caller keeps what
             finished when this is cancelled.
         on_episode: called with each record as it finishes (e.g. a progress line's advance).
+        batch_turns: send the turns that are ready together as one batched `/generate` (`_coalesce`:
+            SGLang serves a batch much faster than as many single requests); False: one request per
+            turn, each answered as soon as its sample finishes.
 
     Returns the records, prompt-major. On cancellation, the rids in flight are aborted on the server,
     unfinished records get status "cancelled", and CancelledError propagates.
@@ -104,6 +108,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     eos = eos_id(tokenizer)
     params = {**(sampling or {}), "max_new_tokens": max_new_tokens}
     limiter = asyncio.Semaphore(max_in_flight)
+    batcher = TurnBatcher(client, max_batch=max_in_flight) if batch_turns else None
     in_flight: dict[str, None] = {}
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
@@ -126,7 +131,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             own += t0 - t
             cancelled = False
             try:
-                answer = await client.generate(payload)
+                answer = await (batcher.generate(ids, turn_params, rid) if batcher is not None
+                                else client.generate(payload))
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: left for the abort below
                 raise
@@ -254,4 +260,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             if r.status == "running":
                 r.status, r.error = "cancelled", "cancelled before it finished (Ctrl-C); its request was aborted"
         raise
+    finally:
+        if batcher is not None:  # batches whose waiters were cancelled (their rids are aborted above)
+            await batcher.close()
     return out

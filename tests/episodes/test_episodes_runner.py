@@ -240,3 +240,25 @@ def test_a_seed_gives_each_of_the_n_episodes_its_own_draw_and_repeats_exactly(en
     first = sampled()
     assert len(set(first)) > 1  # the 4 episodes differ
     assert sampled() == first  # and the same seed draws them again (the CPU backend honours seeds)
+
+
+@pytest.mark.timeout(180)
+def test_turns_that_are_ready_together_go_as_one_batched_request_and_give_the_same_episodes(
+        engine: rlgen.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    post = engine._client.generate
+
+    async def spy(payload: dict[str, Any]) -> Any:
+        ids = payload["input_ids"]
+        sizes.append(len(ids) if ids and isinstance(ids[0], list) else 1)
+        return await post(payload)
+
+    monkeypatch.setattr(engine._client, "generate", spy)
+    kw = dict(env=again_once, n=3, max_turns=3, max_new_tokens=4, temperature=0, ignore_eos=True)
+    batched = engine.episodes(["What is 2+2?", "Name a colour."], **kw)
+    assert sizes == [6, 6] and batched.df.status.eq("done").all()       # 6 episodes x 2 turns, in step
+    sizes.clear()
+    single = engine.episodes(["What is 2+2?", "Name a colour."], batch_turns=False, **kw)
+    assert sizes == [1] * 12
+    assert [r.ids for r in single.records] == [r.ids for r in batched.records]   # greedy: the same episodes
+    assert [r.loss_mask for r in single.records] == [r.loss_mask for r in batched.records]

@@ -1,0 +1,109 @@
+"""Turn requests of many episodes, sent together: one batched `/generate` for the turns that are ready.
+
+Owns: `TurnBatcher`, which takes one episode turn's request at a time (`input_ids`, its sampling
+parameters, its rid) and sends the requests that arrive close together as one batched
+`/generate` (lists of `input_ids`, `sampling_params` and `rid`, as SGLang takes a batch), then
+hands each episode its own answer. A batch leaves when no request has joined it for `linger_s`,
+when it has lasted `max_wait_s`, or when it holds `max_batch` requests.
+
+Why: SGLang serves one batched request of 256 prompts about 2.4x faster than 256 requests of one
+prompt each (measured on the H200 with SmolLM2-135M: 56k vs 23k sampled tokens/s,
+docs/benchmarks.md "Multi-turn episodes"), because every request costs its HTTP round trip and the
+server's per-request handling. Episodes that run in step (every episode's turn k answered by the
+same batch, then its environment step) reach the batcher within milliseconds of each other, so
+their next turns leave together. A batch's answer comes back when its longest sample finishes, as
+a `generate()` request's does.
+
+Knows nothing about episodes, environments or templates: it posts payloads with a client and
+returns answers. Aborting is the caller's (every rid it sends is the caller's to abort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client._http import Client
+from ..core._errors import RequestError
+
+__all__ = ["TurnBatcher"]
+
+
+@dataclass
+class _Pending:
+    items: list[tuple[list[int], dict[str, Any], str, asyncio.Future[dict[str, Any]]]] = field(default_factory=list)
+    joined: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class TurnBatcher:
+    """Sends turn requests that arrive together as one batched `/generate`; `await generate(...)`
+    returns this request's answer (a dict), or raises what the batch raised."""
+
+    def __init__(self, client: Client, *, linger_s: float = 0.005, max_wait_s: float = 0.05,
+                 max_batch: int = 256) -> None:
+        self.client = client
+        self.linger_s, self.max_wait_s, self.max_batch = linger_s, max_wait_s, max_batch
+        self._pending: _Pending | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches: list[int] = []   # the size of each batch sent, in order
+
+    async def generate(self, ids: list[int], sampling: Mapping[str, Any], rid: str) -> dict[str, Any]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = _Pending()
+            task = asyncio.ensure_future(self._send_when_ready(pending))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        pending.items.append((ids, dict(sampling), rid, future))
+        pending.joined.set()
+        if len(pending.items) >= self.max_batch:
+            self._pending = None  # full: the waiting task sends it now
+        return await future
+
+    async def _send_when_ready(self, pending: _Pending) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while self._pending is pending:
+            pending.joined.clear()
+            left = self.max_wait_s - (loop.time() - started)
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(pending.joined.wait(), timeout=min(self.linger_s, left))
+            except asyncio.TimeoutError:
+                break  # nothing joined for linger_s
+        if self._pending is pending:
+            self._pending = None
+        items = [item for item in pending.items if not item[3].done()]  # a cancelled waiter sends nothing
+        if not items:
+            return
+        self.batches.append(len(items))
+        payload = {"input_ids": [ids for ids, _, _, _ in items], "sampling_params": [s for _, s, _, _ in items],
+                   "return_logprob": True, "rid": [rid for _, _, rid, _ in items]}
+        try:
+            answer = await self.client.generate(payload)
+            if not isinstance(answer, list) or len(answer) != len(items):
+                got = f"{len(answer)} answers" if isinstance(answer, list) else type(answer).__name__
+                raise RequestError(f"/generate answered {got} for a batch of {len(items)} turns")
+        except BaseException as err:  # every turn of the batch fails alike (its episodes end request_error)
+            for _, _, _, future in items:
+                if not future.done():
+                    future.set_exception(err if isinstance(err, Exception) else asyncio.CancelledError())
+            if not isinstance(err, Exception):
+                raise
+            return
+        for (_, _, _, future), entry in zip(items, answer):
+            if not future.done():
+                if isinstance(entry, dict):
+                    future.set_result(entry)
+                else:
+                    future.set_exception(RequestError(f"/generate answered {type(entry).__name__}, not one sample"))
+
+    async def close(self) -> None:
+        """Wait for the batches still being sent (after their waiters were cancelled, say)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
