@@ -2,21 +2,23 @@
 
 Not a test. Owns the episodes benchmark: its workload (chat prompts, an environment that answers
 every assistant turn with one fixed short user message and ends after `--turns` turns, each turn
-sampling exactly `--turn-tokens` tokens with ignore_eos), the two timed methods, the per-run
+sampling exactly `--turn-tokens` tokens with ignore_eos), the three timed methods, the per-run
 analysis of the episodes' records (prefix cache, rlgen's own time per turn) and the report. It also
 owns `RequestLog`, a wrapper of the Engine's HTTP client that timestamps every /generate request of
 an episodes call (scripts/gpu/episodes_check.py uses it too). Starts ONE server with
 `rlgen.Engine(model, backend=...)`, then, interleaved (`_common.run_interleaved`: one warm-up each,
-then every repeat runs both methods in a shuffled order, each after a prefix-cache flush):
+then every repeat runs every method in a shuffled order, each after a prefix-cache flush):
 
     episodes   eng.episodes(chats, env=<fixed reply>, n=N, max_turns=T, max_new_tokens=K,
-               ignore_eos=True, temperature=1, max_in_flight=<all episodes>) and its .df
+               ignore_eos=True, temperature=1, max_in_flight=<all episodes>) and its .df: the
+               turns that are ready together sent as one batched /generate (the default)
+    episodes-single  the same with batch_turns=False: one /generate request per turn
     generate   eng.generate(<the same chats' first-turn ids>, n=N, max_new_tokens=T*K,
                ignore_eos=True, temperature=1, cache=False) and its .df: the same sampled tokens
                in ONE single-turn call (rlgen's default chunking)
 
 Default sizes: 64 prompts x n=4 = 256 episodes x 4 assistant turns x 64 tokens (65,536 sampled
-tokens per run, both methods); --quick: 2 prompts x 2 x 4 turns x 4 tokens (a smoke run on the
+tokens per run, every method); --quick: 2 prompts x 2 x 4 turns x 4 tokens (a smoke run on the
 CPU backend: its numbers mean nothing).
 
 Measured, per timed run (every repeat's raw numbers go to the JSON):
@@ -69,7 +71,9 @@ SIZES: dict[str, dict[str, int]] = {
 REPEATS = 11  # a run of each method takes 1-3 s on the H200 (65k tokens)
 REPLY = "Continue."
 TARGET_RATIO, TARGET_CACHED, TARGET_OWN_PCT = 0.8, 0.9, 5.0
-METHODS = ("episodes", "generate")
+# "episodes": the turns that are ready together sent as one batched /generate (the default);
+# "episodes-single": one request per turn (batch_turns=False), as before the batcher.
+METHODS = ("episodes", "episodes-single", "generate")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,15 +319,18 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
         env = fixed_reply(T)
         pending: dict[str, Any] = {}
 
-        def run_episodes(w: C.Workload) -> C.Served:
-            log = RequestLog(eng._client)
-            start = time.perf_counter()
-            with log.installed(eng):
-                res = eng.episodes(prompts[: len(w.prompts)], env=env, n=w.n, max_turns=T, max_new_tokens=K,
-                                   temperature=1.0, ignore_eos=True, progress=False, max_in_flight=max_in_flight)
-            df = res.df
-            pending["last"] = ("episodes", res, log, start)  # its records are read after the timing
-            return C.Served(int(df["sampled_tokens"].sum()))
+        def episodes_of(name: str, batch_turns: bool) -> Callable[[C.Workload], C.Served]:
+            def run(w: C.Workload) -> C.Served:
+                log = RequestLog(eng._client)
+                start = time.perf_counter()
+                with log.installed(eng):
+                    res = eng.episodes(prompts[: len(w.prompts)], env=env, n=w.n, max_turns=T, max_new_tokens=K,
+                                       temperature=1.0, ignore_eos=True, progress=False, max_in_flight=max_in_flight,
+                                       batch_turns=batch_turns)
+                df = res.df
+                pending["last"] = (name, res, log, start)  # its records are read after the timing
+                return C.Served(int(df["sampled_tokens"].sum()))
+            return run
 
         def run_generate(w: C.Workload) -> C.Served:
             res = eng.generate(w.prompts, n=w.n, progress=False, cache=False, **w.options)
@@ -333,12 +340,13 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
 
         def after_each(partial: dict[str, Any]) -> None:
             name, res, log, start = pending.pop("last", (None, None, None, 0.0))
-            if name == "episodes" and partial["episodes"]["runs"]:
-                partial["episodes"]["runs"][-1]["details"] = analyse(res.records, log, start, turns=T, turn_tokens=K)
+            if name in ("episodes", "episodes-single") and partial[name]["runs"]:
+                partial[name]["runs"][-1]["details"] = analyse(res.records, log, start, turns=T, turn_tokens=K)
             record["results"] = partial
             record.save()
 
-        methods = {"episodes": run_episodes, "generate": run_generate}
+        methods = {"episodes": episodes_of("episodes", True), "episodes-single": episodes_of("episodes-single", False),
+                   "generate": run_generate}
         record["results"] = C.run_interleaved(methods, wl, repeats=C.repeats_of(args),
                                               warmup=wl.head(size["warmup_prompts"]),
                                               before_each=lambda: C.flush_cache(eng.url), after_each=after_each)
@@ -415,7 +423,7 @@ def report(record: C.Record) -> None:
     print(f"  rlgen's own time: {note}", flush=True)
 
     comparison = C.compare(results, "episodes", ["generate"]) if all(
-        (results.get(m) or {}).get("runs") for m in METHODS) else None
+        (results.get(m) or {}).get("runs") for m in ("episodes", "generate")) else None
     record["comparison"] = comparison
     record["summary"] = {
         "ratio": comparison["ratio"] if comparison else None, "ratio_interval": comparison["interval"] if comparison else None,
@@ -428,6 +436,12 @@ def report(record: C.Record) -> None:
         print(f"\n  episodes / generate: {C.fmt(comparison['ratio'], '.3f')}x "
               f"[{_span(comparison['interval'])}], rank test p {C.fmt(comparison['p'], '.3f')}, "
               f"runs {comparison['runs'][0]} vs {comparison['runs'][1]}", flush=True)
+    for a, b in (("episodes-single", "generate"), ("episodes", "episodes-single")):
+        if (results.get(a) or {}).get("runs") and (results.get(b) or {}).get("runs"):
+            other = C.compare(results, a, [b])
+            record.data.setdefault("comparisons", {})[f"{a} / {b}"] = other
+            print(f"  {a} / {b}: {C.fmt(other['ratio'], '.3f')}x [{_span(other['interval'])}], "
+                  f"rank test p {C.fmt(other['p'], '.3f')}", flush=True)
 
     print("\ntargets", flush=True)
     targets = C.Targets()
