@@ -16,16 +16,17 @@ base_format_detector.py `parse_base_json`):
               "parameters"}}] (default []), "tool_call_parser": str | null}
     answer   {"normal_text": str, "calls": [{"tool_index": int, "name": str, "parameters": str}]}
 
-What SGLang's hermes answer is, and so this one: with no tools, the text unchanged and no calls.
-Without `<tool_call>`, the same. Otherwise normal_text is the text before the first `<tool_call>`,
-stripped (text between and after calls is dropped); after each `<tool_call>` (and any space) one JSON
-value is decoded (string-aware: `</tool_call>` inside a string does not end it; the closing tag is not
-required); the first that does not decode ends the reading (later calls are lost). A list is several
-calls. A call whose name is not among the tools is dropped (SGLang logs a warning; its
-SGLANG_FORWARD_UNKNOWN_TOOLS is not modelled). "parameters" is `json.dumps(call.get("parameters") or
-call.get("arguments", {}), ensure_ascii=False)`. A value that is not an object makes the whole
-answer the text unchanged with no calls (SGLang catches the error). `tool_index` is the name's
-position in `tools` (the last one, for a repeated name).
+What SGLang 0.5.17's hermes answer is, and so this one (checked against SGLang's own answers on the
+H200, 36 cases in tests/data/parse_function_call_cases.json, docs/gpu/2026-12-02i): with no tools,
+the text unchanged and no calls. Without `<tool_call>`, the same. Otherwise every block is read,
+`<tool_call>(.*?)</tool_call>` or, without a closing tag, `<tool_call>` to the end of the text, each
+decoded with `json.loads` (so a `</tool_call>` inside a JSON string ends its block); if any block does
+not decode, or holds a value that is not an object, the answer is the text unchanged with no calls
+(SGLang catches the error). Else normal_text is the text before the first `<tool_call>`, stripped
+(text between and after calls is dropped). A list is several calls. A call whose name is not among
+the tools is dropped (SGLang logs a warning; its SGLANG_FORWARD_UNKNOWN_TOOLS is not modelled).
+"parameters" is `json.dumps(call.get("parameters") or call.get("arguments", {}), ensure_ascii=False)`.
+`tool_index` is the name's position in `tools` (the last one, for a repeated name).
 
 Where the backend differs: an unknown or missing `tool_call_parser` is a 400 naming the parsers it
 has; SGLang raises ValueError("Unsupported tool_call_parser: ...") there, which its server answers
@@ -36,6 +37,7 @@ the GPU here yet.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["PARSERS", "ToolParserError", "parse_function_call"]
@@ -43,7 +45,9 @@ __all__ = ["PARSERS", "ToolParserError", "parse_function_call"]
 PARSERS = ("hermes",)
 
 _OPEN = "<tool_call>"
-_DECODER = json.JSONDecoder()
+# SGLang 0.5.17's hermes_detector.py: a block ends at the first `</tool_call>` (even inside a JSON
+# string), or runs to the end of the text when it has no closing tag.
+_BLOCKS = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
 
 class ToolParserError(ValueError):
@@ -75,23 +79,18 @@ def parse_function_call(body: Any) -> dict[str, Any]:
 
 
 def parse_hermes(text: str, names: list[Any]) -> tuple[str, list[dict[str, Any]]]:
-    """(normal_text, calls) as SGLang's HermesDetector.detect_and_parse answers for these tool names."""
+    """(normal_text, calls) as SGLang 0.5.17's HermesDetector.detect_and_parse answers for these tool names."""
     first = text.find(_OPEN)
     if first == -1:
         return text, []
     indices = {name: i for i, name in enumerate(names) if name}
-    normal_text = text[:first].strip()
     calls: list[dict[str, Any]] = []
-    pos = first
     try:
-        while (start := text.find(_OPEN, pos)) != -1:
-            cursor = start + len(_OPEN)
-            while cursor < len(text) and text[cursor] in " \t\r\n":
-                cursor += 1
-            try:
-                obj, pos = _DECODER.raw_decode(text, cursor)
-            except json.JSONDecodeError:
-                break  # SGLang: the remaining calls cannot be read reliably
+        for closed, open_ended in _BLOCKS.findall(text):
+            raw = closed or open_ended
+            if not raw:
+                continue
+            obj = json.loads(raw.strip())
             for act in obj if isinstance(obj, list) else [obj]:
                 name = act.get("name")  # AttributeError for a non-object: caught below, as SGLang does
                 if not (name and name in indices):
@@ -99,6 +98,6 @@ def parse_hermes(text: str, names: list[Any]) -> tuple[str, list[dict[str, Any]]
                 calls.append({"tool_index": indices[name], "name": name,
                               "parameters": json.dumps(act.get("parameters") or act.get("arguments", {}),
                                                        ensure_ascii=False)})
-    except Exception:
+    except Exception:  # SGLang catches any error of any block: no calls, the text unchanged
         return text, []
-    return normal_text, calls
+    return text[:first].strip(), calls

@@ -19,7 +19,6 @@ reports those as `error`. The tests run both on the same cases.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,8 +28,6 @@ from ._tools import Tool
 __all__ = ["ParsedTurn", "ToolCall", "ToolCallParser", "parse_hermes", "parse_tool_calls", "parse_with_server"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"\s*")
 
 
 @dataclass(frozen=True)
@@ -76,12 +73,13 @@ class _Poster(Protocol):
 def parse_hermes(text: str) -> ParsedTurn:
     """Read every `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block of `text`.
 
-    The JSON is read with a string-aware decoder (a `</tool_call>` inside an argument string does not
-    end the block), as SGLang's HermesDetector does; the closing tag may be missing when only space
-    follows the JSON (a model stopped by the stop string `</tool_call>`, which SGLang trims). A list
-    of calls in one block is read as several calls; "parameters" is accepted for "arguments", and
-    arguments sent as a JSON string are decoded. A block that cannot be read is left out of `calls`
-    and named in `error`; the other blocks are still read.
+    Blocks are cut as SGLang 0.5.17's HermesDetector cuts them: from `<tool_call>` to the first
+    `</tool_call>` (even one inside a JSON string), or to the end of the text when there is no
+    closing tag (a model stopped by the stop string `</tool_call>`, which SGLang trims); each is read
+    with `json.loads`. A list of calls in one block is read as several calls; "parameters" is
+    accepted for "arguments", and arguments sent as a JSON string are decoded. A block that cannot
+    be read is left out of `calls` and named in `error` (SGLang's parser drops every call then; a
+    tool environment ends the episode "bad_tool_call"); the other blocks are still read.
     """
     calls: list[ToolCall] = []
     problems: list[str] = []
@@ -89,26 +87,16 @@ def parse_hermes(text: str) -> ParsedTurn:
     pos = 0
     while (start := text.find(_OPEN, pos)) != -1:
         kept.append(text[pos:start])
-        body_at = _WS.match(text, start + len(_OPEN)).end()  # type: ignore[union-attr]
+        body_at = start + len(_OPEN)
         close = text.find(_CLOSE, body_at)
-        try:
-            obj, end = _DECODER.raw_decode(text, body_at)
-        except json.JSONDecodeError as e:
-            block_end = len(text) if close == -1 else close + len(_CLOSE)
-            problems.append(f"bad JSON ({e.msg} at char {e.pos - body_at}) in {_clip(text[start:block_end])}")
-            pos = block_end
-            continue
-        after = _WS.match(text, end).end()  # type: ignore[union-attr]
-        if text.startswith(_CLOSE, after):
-            block_end = after + len(_CLOSE)
-        elif after == len(text):
-            block_end = after  # stopped at the stop string </tool_call>
-        else:
-            block_end = len(text) if close == -1 else close + len(_CLOSE)
-            problems.append(f"text after the JSON in {_clip(text[start:block_end])}")
-            pos = block_end
-            continue
+        block_end = len(text) if close == -1 else close + len(_CLOSE)
         raw = text[start:block_end]
+        try:
+            obj = json.loads(text[body_at:len(text) if close == -1 else close].strip())
+        except json.JSONDecodeError as e:
+            problems.append(f"bad JSON ({e.msg} at char {e.pos}) in {_clip(raw)}")
+            pos = block_end
+            continue
         for item in obj if isinstance(obj, list) else [obj]:
             call, problem = _call_from_json(item, raw)
             if call is not None:

@@ -273,9 +273,10 @@ def test_hermes_missing_name_and_non_object_arguments() -> None:
 
 
 def test_hermes_reads_what_sglang_reads() -> None:
-    # the end tag inside an argument string does not end the block; no end tag when stopped at it
-    inside = '<tool_call>{"name": "echo", "arguments": {"s": "a </tool_call> b"}}</tool_call>'
-    assert parse_hermes(inside).calls[0].arguments == {"s": "a </tool_call> b"}
+    # the end tag ends the block even inside an argument string (SGLang 0.5.17's regex, checked on the
+    # H200): the call cannot be read; no end tag is needed when the model stopped at it
+    inside = parse_hermes('<tool_call>{"name": "echo", "arguments": {"s": "a </tool_call> b"}}</tool_call>')
+    assert inside.calls == () and inside.error is not None and "bad JSON" in inside.error
     stopped = parse_hermes('Sure. <tool_call>\n{"name": "calculate", "arguments": {"expression": "2"}}\n')
     assert (stopped.text_without_calls, len(stopped.calls), stopped.error) == ("Sure.", 1, None)
     # a list is several calls; "parameters" for "arguments"; arguments as a JSON string
