@@ -30,6 +30,7 @@ from ._token_html import (
     logprob_color,
     piece_html,
     prompt_tail_html,
+    shape_text,
     token_pieces,
 )
 
@@ -61,23 +62,12 @@ def _finish_counts(r: RolloutsView) -> list[tuple[str, int]]:
     return sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: (-kv[1], kv[0]))
 
 
-def _shape_text(r: RolloutsView) -> str:
-    n = len(r)
-    per_prompt = r.df["prompt_index"].value_counts()
-    text = f"{n} row{'s' if n != 1 else ''}"
-    if len(per_prompt) and per_prompt.nunique() == 1:
-        text += f" ({len(per_prompt)} prompt{'s' if len(per_prompt) != 1 else ''} x {int(per_prompt.iloc[0])})"
-    elif len(per_prompt):
-        text += f" ({len(per_prompt)} prompts)"
-    return text
-
-
 def short_repr(r: RolloutsView) -> str:
     """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`; episodes
     say theirs (`_episode_html.episodes_repr`)."""
     if is_episodes(r):
         return episodes_repr(r)
-    parts = [_shape_text(r), f"{r.n_tokens} tokens"]
+    parts = [shape_text(r, noun="row"), f"{r.n_tokens} tokens"]
     finish = _finish_counts(r)
     if finish:
         parts.append("finish: " + ", ".join(f"{k} {v}" for k, v in finish))

@@ -32,6 +32,7 @@ from ._token_html import (
     fmt_value,
     prompt_tail_html,
     row_tokens,
+    shape_text,
     special_piece,
     token_body,
     token_pieces,
@@ -135,14 +136,7 @@ def _shape(r: RolloutsView) -> tuple[int, int]:
 
 def episodes_repr(r: RolloutsView) -> str:
     """`<Episodes 6 episodes (3 prompts x 2) | 410 tokens, 250 sampled | statuses: done 4, max_turns 2 | drift: 2 of 6 | model=m>`."""
-    n, prompts = _shape(r)
-    per = r.df["prompt_index"].value_counts()
-    shape = f"{n} episode{'s' if n != 1 else ''}"
-    if len(per) and per.nunique() == 1:
-        shape += f" ({prompts} prompt{'s' if prompts != 1 else ''} x {int(per.iloc[0])})"
-    elif len(per):
-        shape += f" ({prompts} prompts)"
-    parts = [shape, f"{r.n_tokens} tokens, {_int(r.df['sampled_tokens'].sum()) if 'sampled_tokens' in r.df else '?'} sampled"]
+    parts = [shape_text(r, noun="episode"), f"{r.n_tokens} tokens, {_int(r.df['sampled_tokens'].sum()) if 'sampled_tokens' in r.df else '?'} sampled"]
     counts = status_counts(r)
     if counts:
         parts.append("statuses: " + ", ".join(f"{k} {v}" for k, v in counts))

@@ -39,6 +39,7 @@ __all__ = [
     "prompt_tail_html",
     "row_tokens",
     "safe_decode",
+    "shape_text",
     "special_piece",
     "token_body",
     "token_pieces",
@@ -271,3 +272,16 @@ def completion_html(r: RolloutsView, i: int, *, max_tokens: int, prompt_tail: bo
     # overflow-wrap:break-word also breaks a long run without spaces, so nothing runs off the right
     # edge (the values JupyterLab's sanitizer keeps in an untrusted notebook: see TEXT_STYLE).
     return f'<div style="{TEXT_STYLE}">{"".join(spans)}</div>'
+
+
+def shape_text(r: RolloutsView, *, noun: str) -> str:
+    """"8 rows (2 prompts x 4)", "6 episodes (3 prompts)": the count, and prompts x samples when even."""
+    n = len(r)
+    per_prompt = r.df["prompt_index"].value_counts()
+    text = f"{n} {noun}{'s' if n != 1 else ''}"
+    if len(per_prompt) and per_prompt.nunique() == 1:
+        text += f" ({len(per_prompt)} prompt{'s' if len(per_prompt) != 1 else ''} x {int(per_prompt.iloc[0])})"
+    elif len(per_prompt):
+        text += f" ({len(per_prompt)} prompts)"
+    return text
+

@@ -7,11 +7,10 @@ turns, 16 prompts x 8 episodes), its safe `calculate` tool, and the summary writ
 variants, one after the other on the same server:
 
     hermes   `tool_env([calculate])`: rlgen's built-in hermes parser
-    server   `tool_env([calculate], parser=<SGLang's /parse_function_call>)`: the server's own hermes
-             parser through `rlgen.episodes.parse_with_server`. tool_env takes only a sync parser,
-             so the request is a blocking HTTP POST on rlgen's event loop (a loopback round trip per
-             assistant turn); every turn is also read by `parse_hermes`, and the two readings are
-             compared (`parser_agreement`).
+    server   `tool_env([calculate], parser="server")`: the server's own hermes parser through
+             /parse_function_call, with the Engine's client; afterwards every assistant turn is
+             read by both the server and `parse_hermes`, and the two readings are compared
+             (`parser_agreement`).
 
 Per variant: statuses, success (the episode ended "done" and its last assistant message holds the
 right number), turns, tool calls, the drift check (`rlgen.episodes.drift(tokenizer, messages, ids,
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import http.client
 import json
 import operator
 import random
@@ -36,10 +34,9 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
@@ -108,71 +105,45 @@ def succeeded(record: Any, answer: str) -> bool:
     return record.status == "done" and re.search(rf"(?<![\d.]){answer}(?![\d])", last.replace(",", "")) is not None
 
 
-class _BlockingPoster:
-    """`post(path, body)` for parse_with_server that does its HTTP round trip without suspending, so
-    the coroutine runs to its end in one step (`_run_now`) inside a sync tool_env parser."""
+def parser_agreement(url: str, tools: list[Any], texts: list[str]) -> dict[str, Any]:
+    """How the server's /parse_function_call (hermes) and rlgen's own parse_hermes read the same
+    assistant turns: turns read alike (same calls, and both or neither finding a problem)."""
+    from parse_parity import post
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    from rlgen.episodes import parse_hermes
 
-    async def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
-        parts = urlsplit(self.url)
-        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
-        try:
-            conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            raw = resp.read()
-        finally:
-            conn.close()
-        if resp.status != 200:
-            raise RuntimeError(f"{path} answered HTTP {resp.status}: {raw[:300]!r}")
-        return json.loads(raw)
-
-
-def _run_now(coro: Coroutine[Any, Any, Any]) -> Any:
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("parse_with_server suspended: it cannot run inside a sync parser")
-
-
-def server_parser(url: str, tools: list[Any], agreement: dict[str, Any]) -> Callable[[str], Any]:
-    """A tool_env parser reading each turn with the server's /parse_function_call (hermes), and
-    tallying in `agreement` how rlgen's own parse_hermes read the same text."""
-    from rlgen.episodes import parse_hermes, parse_with_server
-
-    poster = _BlockingPoster(url)
-
-    def parse(text: str) -> Any:
+    wire = [{"type": "function", "function": {k: t["function"][k] for k in ("name", "description", "parameters")
+                                              if k in t["function"]}} for t in tools]
+    agreement: dict[str, Any] = {"turns": 0, "same": 0, "same_calls": 0, "examples": []}
+    ms = []
+    for text in texts:
         t0 = time.perf_counter()
-        served = _run_now(parse_with_server(poster, text, tools, "hermes"))
-        agreement["server_ms"].append(1e3 * (time.perf_counter() - t0))
+        status, answer = post(url, "/parse_function_call",
+                              {"text": text, "tools": wire, "tool_call_parser": "hermes"})
+        ms.append(1e3 * (time.perf_counter() - t0))
+        if status != 200 or not isinstance(answer, dict):
+            raise RuntimeError(f"/parse_function_call answered HTTP {status}: {answer!r}")
+        served = [(c["name"], json.loads(c["parameters"] or "{}")) for c in answer["calls"]]
         local = parse_hermes(text)
-        same_calls = [(c.name, c.arguments) for c in served.calls] == [(c.name, c.arguments) for c in local.calls]
-        same = same_calls and (served.error is None) == (local.error is None)
+        same_calls = served == [(c.name, c.arguments) for c in local.calls]
+        # a problem: the server saw a call marker but returned no call; rlgen's parser named an error
+        same = same_calls and ("<tool_call>" in text and not served) == (local.error is not None)
         agreement["turns"] += 1
         agreement["same"] += same
         agreement["same_calls"] += same_calls
         if not same and len(agreement["examples"]) < 12:
-            agreement["examples"].append({
-                "text": text, "server": {"calls": [(c.name, c.arguments) for c in served.calls], "error": served.error},
-                "hermes": {"calls": [(c.name, c.arguments) for c in local.calls], "error": local.error}})
-        return served
-
-    return parse
+            agreement["examples"].append({"text": text, "server": answer,
+                                          "hermes": {"calls": [(c.name, c.arguments) for c in local.calls],
+                                                     "error": local.error}})
+    agreement["server_parse_ms_median"] = statistics.median(ms) if ms else None
+    return agreement
 
 
 def run_variant(eng: Any, name: str, chats: list[Any], answers: list[str], size: dict[str, int]) -> dict[str, Any]:
     from rlgen.episodes import drift, drift_summary, tool_env
 
-    agreement: dict[str, Any] = {"turns": 0, "same": 0, "same_calls": 0, "examples": [], "server_ms": []}
-    if name == "server":
-        tools = tool_env([calculate]).tools
-        env = tool_env([calculate], parser=server_parser(eng.url, tools, agreement))
-    else:
-        env = tool_env([calculate])
+    # "server": the server's own parser through /parse_function_call, with the Engine's client
+    env = tool_env([calculate], parser="server" if name == "server" else "hermes")
     episodes = len(chats) * size["n"]
     log = RequestLog(eng._client)
     C.log(f"{name}: {episodes} episodes, all in flight ...")
@@ -221,8 +192,8 @@ def run_variant(eng: Any, name: str, chats: list[Any], answers: list[str], size:
                      for r, good in list(zip(records, ok))[:: max(1, len(records) // 6)]][:6],
     }
     if name == "server":
-        ms = agreement.pop("server_ms")
-        out["parser_agreement"] = {**agreement, "server_parse_ms_median": statistics.median(ms) if ms else None}
+        texts = [t["text"] or "" for r in records for t in r.assistant_turns]
+        out["parser_agreement"] = parser_agreement(eng.url, env.schemas, texts)
     C.log(f"{name}: {out['statuses']}, success {out['success']}/{episodes}, peak in flight {log.peak}, "
           f"{wall:.1f} s")
     return out
