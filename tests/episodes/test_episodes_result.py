@@ -100,6 +100,12 @@ def test_selection_concat_and_parquet_keep_episodes_whole(res: Episodes, tmp_pat
                (b.ids, b.loss_mask, b.turn_ids, b.roles, b.messages, b.turns, b.status)
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-6)
     assert back.record == res.record and back.df.answer.tolist() == res.df.answer.tolist()
+    # messages whose keys differ by role (a tool's "name") come back as they were, with no keys added
+    tool_turn = [{"role": "assistant", "content": "<tool_call>...</tool_call>"},
+                 {"role": "tool", "name": "add", "content": "5"}, {"role": "assistant", "content": "5"}]
+    mixed = res.with_columns({"completion_messages": [tool_turn] * len(res)})
+    mixed.to_parquet(tmp_path / "mixed.parquet")
+    assert Episodes.from_parquet(tmp_path / "mixed.parquet").df.completion_messages.tolist() == [tool_turn] * len(res)
 
 
 @pytest.mark.timeout(180)
