@@ -301,12 +301,16 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["complete"] and "error" not in data
-    episodes, generate = data["results"]["episodes"], data["results"]["generate"]
-    assert len(episodes["runs"]) == len(generate["runs"]) == 3 and not episodes["error"] and not generate["error"]
-    for run in episodes["runs"]:
+    episodes, single, generate = (data["results"][m] for m in ("episodes", "episodes-single", "generate"))
+    assert len(episodes["runs"]) == len(single["runs"]) == len(generate["runs"]) == 3
+    assert not episodes["error"] and not single["error"] and not generate["error"]
+    for run in episodes["runs"] + single["runs"]:
         d = run["details"]
-        assert d["statuses"] == {"done": 2} and d["short_episodes"] == 0 and d["requests"] == 4  # 2 episodes x 2 turns
-        assert run["tokens"] == 8 and d["own"]["source"] in ("requests", "rlgen_s") and d["cache"]["share"] > 0
+        assert d["statuses"] == {"done": 2} and d["short_episodes"] == 0
+        assert run["tokens"] == 8 and d["own"]["source"] == "rlgen_s" and d["cache"]["share"] > 0
+    for run in single["runs"]:  # one request per turn: the request log times each of them
+        d = run["details"]
+        assert d["requests"] == 4  # 2 episodes x 2 turns
         assert len(d["per_episode"]["own_s"]) == 2 and None not in d["per_episode"]["own_s"]
     assert all(r["tokens"] == 8 for r in generate["runs"])
     assert [t["target"].split(" ")[0] for t in data["targets"]] == ["episodes", "prefix-cache", "rlgen's"]
