@@ -28,6 +28,10 @@ from ._tools import Tool
 __all__ = ["ParsedTurn", "ToolCall", "ToolCallParser", "parse_hermes", "parse_tool_calls", "parse_with_server"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+# What starts a call for some of SGLang's --tool-call-parser names: a turn that holds it but gets no
+# call back from the server wrote a call the server could not read.
+_CALL_MARKERS = {"hermes": _OPEN, "qwen25": _OPEN, "qwen": _OPEN, "llama3": "<|python_tag|>",
+                 "mistral": "[TOOL_CALLS]"}
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,10 @@ async def parse_with_server(client: _Poster, text: str, tools: Sequence[Tool | M
             problems.append(f"the server returned {item!r}")
             continue
         calls.append(ToolCall(name, arguments, parameters if isinstance(parameters, str) else "{}"))
-    if not calls and not problems and normal != text:
+    marker = _CALL_MARKERS.get(parser)
+    if not calls and not problems and (normal != text or (marker is not None and marker in text)):
+        # SGLang 0.5.17's hermes answers a block it cannot decode with the text unchanged and no
+        # calls, as it answers a turn without one: the call marker in the text tells them apart.
         problems.append("the server's parser found a tool call it could not read, or one to a tool not offered "
                         "(SGLang drops both)")
     error = "malformed tool call: " + "; ".join(problems) if problems else None
