@@ -31,6 +31,7 @@ from typing_extensions import Unpack
 
 from ..core._columns import COLUMNS, EPISODE_COLUMNS, RESERVED_DATA_NAMES
 from ..core._options import RewardOptions, takes_options
+from ..core._ragged import row_offsets
 from ..rollouts._flat import FlatRollouts
 from ..rollouts._rollouts import Rollouts
 from ..rollouts._runs import new_run_id, text_series
@@ -115,12 +116,12 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     df["row_id"] = np.arange(n, dtype=np.int64)
     for name, values in _data_columns(records).items():
         df[name] = values
-    meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": _json_safe(list(tools or [])) or None}
-            for r in records]
+    schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
+    meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas} for r in records]
     mask = np.array([m for r in records for m in r.loss_mask[r.prompt_len:]], dtype=np.bool_)
     return Episodes(**FlatRollouts(
-        df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=_offsets(p_len),
-        response_ids=np.array(flat_r, dtype=np.int64), response_offsets=_offsets(r_len), meta_info=meta,
+        df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=row_offsets(p_len),
+        response_ids=np.array(flat_r, dtype=np.int64), response_offsets=row_offsets(r_len), meta_info=meta,
         pad_token_id=int(pad_token_id),
         fields={
             "logprobs": np.array([x for r in records for x in r.logprobs[r.prompt_len:]], dtype=np.float32),
@@ -130,12 +131,6 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
         model=model, run_sampling={run: sampling}, run_records={run: run_record},
         decode=TokenText(tokenizer) if tokenizer is not None else None,
     ).kwargs())
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
 
 
 def _cached_share(record: EpisodeRecord) -> float:
@@ -186,7 +181,7 @@ class Episodes(Rollouts):
         """Row i as an `EpisodeRecord`: the whole conversation, ids, masks and turns."""
         i = int(self._index(i)[0])
         row = self.df.iloc[i]
-        prompt = self.id_lists("prompt")[i]
+        (prompt,) = self.id_lists("prompt", rows=[i])
         tok = self.tokens(i)
         n_p, ids = len(prompt), [*prompt, *(int(x) for x in tok["ids"])]
         mask = [0] * n_p + [int(m) for m in (tok["loss_mask"] if tok["loss_mask"] is not None else [1] * len(tok["ids"]))]

@@ -422,11 +422,14 @@ class Rollouts(TensorProperties, RewardMethods):
         return RolloutPlots(self)
 
     # -- summaries and per-row token access (for display and debugging) --------------------------
-    def id_lists(self, which: str = "response") -> list[list[int]]:
-        """Each row's token ids as a plain list: "response" (the completion's) or "prompt"."""
+    def id_lists(self, which: str = "response", *, rows: Sequence[int] | None = None) -> list[list[int]]:
+        """Each row's token ids as a plain list: "response" (the completion's) or "prompt"; only
+        `rows` (positions) when given, without converting the other rows."""
         if which not in ("response", "prompt"):
             raise ValueError(f"which must be 'response' or 'prompt', got {which!r}")
         ids, off = (self._r_ids, self._r_off) if which == "response" else (self._p_ids, self._p_off)
+        if rows is not None:
+            return [ids[off[i]:off[i + 1]].tolist() for i in self._index(list(rows))]
         flat = ids.tolist()
         bounds = off.tolist()
         return [flat[a:b] for a, b in itertools.pairwise(bounds)]
