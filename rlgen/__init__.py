@@ -15,6 +15,7 @@ from .compare._ab import ABReport, ab
 from .compare._kl import LogprobShift, compare
 from .compare._logprobs import compare_logprobs
 from .core._errors import (
+    AdapterError,
     EngineClosedError,
     EngineError,
     ModelError,
@@ -28,7 +29,7 @@ from .core._errors import (
     WeightsError,
     WorkerRequestError,
 )
-from .core._options import GenerateOptions, RewardOptions, SamplingOptions, StreamOptions
+from .core._options import GenerateOptions, LoraOptions, RewardOptions, SamplingOptions, StreamOptions
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
 from .engine._base import EngineState
 from .engine._engine import Engine
@@ -41,6 +42,7 @@ from .server._registry import list_servers
 __all__ = [
     "DEFAULT_MODEL",
     "ABReport",
+    "AdapterError",
     "Chat",
     "ChatMessage",
     "Engine",
@@ -50,6 +52,7 @@ __all__ = [
     "Episodes",
     "GenerateOptions",
     "LogprobShift",
+    "LoraOptions",
     "ModelError",
     "Prompt",
     "Prompts",
@@ -78,6 +81,6 @@ __all__ = [
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
 for _obj in (Engine, EngineState, Episodes, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
-             reap, resolve_model, RlgenError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
+             reap, resolve_model, RlgenError, AdapterError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"

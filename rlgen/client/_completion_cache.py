@@ -30,13 +30,18 @@ _FORMAT = 1
 
 
 def cache_key(*, weights_sha256: str, weight_version: str | None, prompt_ids: Sequence[int],
-              sampling: Mapping[str, Any], n: int, logprobs: bool, top_logprobs: int) -> str:
-    """The key of one prompt's samples (hex SHA-256); equal inputs give equal keys in any process."""
+              sampling: Mapping[str, Any], n: int, logprobs: bool, top_logprobs: int,
+              adapter_sha256: str | None = None) -> str:
+    """The key of one prompt's samples (hex SHA-256); equal inputs give equal keys in any process.
+    `adapter_sha256`: the content hash of the LoRA adapter sampled with (None: the base model, whose
+    keys are those of a server without LoRA)."""
     material = {
         "format": _FORMAT, "weights_sha256": weights_sha256, "weight_version": weight_version,
         "prompt_ids": [int(t) for t in prompt_ids], "sampling": dict(sampling), "n": int(n),
         "logprobs": bool(logprobs), "top_logprobs": int(top_logprobs),
     }
+    if adapter_sha256 is not None:
+        material["adapter_sha256"] = adapter_sha256
     text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=_jsonable)
     return hashlib.sha256(text.encode()).hexdigest()
 

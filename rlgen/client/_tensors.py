@@ -34,7 +34,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NamedTensor", "Transport", "bucket_body", "buckets", "device_uuid", "tensor_nbytes"]
+__all__ = ["NamedTensor", "Transport", "bucket_body", "buckets", "device_uuid", "serialized_per_rank", "tensor_nbytes"]
 
 NamedTensor = tuple[str, Any]  # (checkpoint name, torch.Tensor)
 
@@ -78,17 +78,26 @@ def bucket_body(bucket: Sequence[NamedTensor], *, transport: Transport, flatten:
     """
     tensors = [(name, _prepared(tensor, transport)) for name, tensor in bucket]
     payload: Any = _flattened(tensors) if flatten else tensors
-    if transport is Transport.IPC:
-        serialized = [_b64(_ipc_dumps(payload)) for _ in range(tp_size)]
-    else:
-        one = _b64(pickle.dumps(payload, protocol=4))
-        serialized = [one] * tp_size
     return {
-        "serialized_named_tensors": serialized,
+        "serialized_named_tensors": _serialized(payload, transport=transport, tp_size=tp_size),
         "load_format": "flattened_bucket" if flatten else None,
         "flush_cache": flush_cache,
         "weight_version": weight_version,
     }
+
+
+def serialized_per_rank(tensors: dict[str, Any], *, transport: Transport, tp_size: int) -> list[str]:
+    """A dict of named tensors as `serialized_named_tensors` (the form SGLang's
+    `/load_lora_adapter_from_tensors` reads): base64, one copy per TP rank."""
+    return _serialized({name: _prepared(t, transport) for name, t in tensors.items()}, transport=transport,
+                       tp_size=tp_size)
+
+
+def _serialized(payload: Any, *, transport: Transport, tp_size: int) -> list[str]:
+    if transport is Transport.IPC:
+        return [_b64(_ipc_dumps(payload)) for _ in range(tp_size)]
+    one = _b64(pickle.dumps(payload, protocol=4))
+    return [one] * tp_size
 
 
 def device_uuid(index: int) -> str:

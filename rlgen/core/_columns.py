@@ -21,9 +21,10 @@ COLUMNS = (
     "prompt_tokens", "completion_tokens", "cached_tokens", "logprob_sum", "logprob_mean",
     "request_latency_s", "weight_version", "rid", "error", "run", "row_id",
 )  # fmt: skip
-# Columns the client adds where they apply (streaming timings; a chat prompt's messages): rlgen's
+# Columns the client adds where they apply (streaming timings; a chat prompt's messages; the LoRA
+# adapter of each row, on a server that serves adapters): rlgen's
 # own, like COLUMNS, but not every result has them. The rest of the extra columns are the user's.
-CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages")
+CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages", "adapter")
 # The columns of a multi-turn episode's row beyond COLUMNS (`rlgen.Episodes`): how it ended, its
 # size, its tools and environment, the conversation as messages (prompt_messages is the client's
 # column above, also for episodes), and what the drift inspector found (`Episodes.check_drift`).

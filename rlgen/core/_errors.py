@@ -3,6 +3,7 @@
     RlgenError
     ├── ModelError                  a model could not be resolved or prepared
     ├── WeightsError                weights refused before anything was sent (names, shapes, device)
+    ├── AdapterError                a LoRA adapter refused (LoRA not served, rank, modules, unknown name)
     ├── EngineError                 the server an Engine owns or talks to
     │   ├── ServerStartupError      the server failed while starting (exit code, log tail, hint)
     │   │   └── ServerStartupTimeout    ... or did not become healthy in `startup_timeout`
@@ -23,6 +24,7 @@ user can inspect `err.log_tail` or `err.prompt_index` without parsing text.
 from __future__ import annotations
 
 __all__ = [
+    "AdapterError",
     "EngineClosedError",
     "EngineError",
     "ModelError",
@@ -50,6 +52,12 @@ class WeightsError(RlgenError, ValueError):
     """`Engine.update_weights` refused the weights before sending anything: names or shapes the
     served model does not have, LoRA weights not merged, tensors on a device the server cannot
     read, or a server on another machine. The server's weights are unchanged. Also a ValueError."""
+
+
+class AdapterError(RlgenError, ValueError):
+    """A LoRA adapter was refused: the server serves no adapters (start the Engine with `lora=`),
+    its rank or modules are beyond what the server was started for, an adapter name is not loaded,
+    or the server refused the load (its message included). Also a ValueError."""
 
 
 class EngineError(RlgenError):

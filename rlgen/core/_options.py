@@ -25,12 +25,15 @@ from typing import Annotated, Any, TypedDict, TypeVar, get_type_hints
 
 __all__ = [
     "GenerateOptions",
+    "LoraOptions",
     "Option",
     "RewardOptions",
     "SamplingOptions",
     "StreamOptions",
+    "adapters_per_prompt",
     "cache_mode",
     "defaults",
+    "lora_options",
     "resolve",
     "takes_options",
     "to_sglang",
@@ -154,6 +157,35 @@ def _mapping(name: str, value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
+def _adapter(name: str, value: Any) -> str | tuple[str | None, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value:
+            raise ValueError(f"{name} must be an adapter's name (a non-empty string), a list of them, or None (the base model)")
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if item is not None and (not isinstance(item, str) or not item):
+                raise TypeError(f"{name} must hold adapter names or None (the base model), got {item!r}")
+        return tuple(value)
+    raise TypeError(f"{name} must be an adapter's name, a list with one per prompt, or None, got {type(value).__name__}")
+
+
+def adapters_per_prompt(adapter: str | Sequence[str | None] | None, n_prompts: int) -> list[str | None] | None:
+    """The adapter of each prompt from a resolved `adapter` option (one name for all, or one per
+    prompt); None when every prompt uses the base model."""
+    if adapter is None:
+        return None
+    if isinstance(adapter, str):
+        return [adapter] * n_prompts
+    if len(adapter) != n_prompts:
+        raise ValueError(f"adapter= has {len(adapter)} entries for {n_prompts} prompts: give one per prompt "
+                         "(None = the base model), or one name for all")
+    listed = list(adapter)
+    return listed if any(a is not None for a in listed) else None
+
+
 # -- the schema ----------------------------------------------------------------------------------
 
 
@@ -191,6 +223,9 @@ class StreamOptions(SamplingOptions, total=False):
 
     sampling_params: Annotated[Mapping[str, Any] | None, Option(
         None, "further SGLang sampling parameters, sent as they are (e.g. {'frequency_penalty': 0.5})", _mapping)]
+    adapter: Annotated[str | Sequence[str | None] | None, Option(
+        None, "the LoRA adapter to sample with (loaded with eng.load_adapter), or one per prompt (None = the base "
+        "model): base and adapters share one batch; rows record it in the `adapter` column", _adapter)]
 
 
 class GenerateOptions(StreamOptions, total=False):
@@ -276,6 +311,50 @@ _SGLANG_EXTRA = (
     "frequency_penalty", "presence_penalty", "json_schema", "regex", "ebnf", "structural_tag",
     "stop_regex", "logit_bias", "spaces_between_special_tokens", "custom_params", "stream_interval",
 )  # fmt: skip
+
+def _modules(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(m, str) and m for m in value):
+        raise TypeError(f"{name} must be 'all' or a list of module names, e.g. ['q_proj', 'v_proj'], got {value!r}")
+    if "all" in value and len(value) > 1:
+        raise ValueError(f"{name}: 'all' stands alone (every linear layer SGLang supports), got {list(value)}")
+    return tuple(value)
+
+
+def _paths(name: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
+        raise TypeError(f"{name} must be a dict of adapter name -> directory, got {value!r}")
+    return {k: str(v) for k, v in value.items()}
+
+
+class LoraOptions(TypedDict, total=False):
+    """`Engine(lora=...)`: SGLang's LoRA serving (`--enable-lora` and its flags)."""
+
+    max_rank: Annotated[int, Option(
+        16, "the largest adapter rank the server takes (its LoRA memory grows with it)", _count(1))]
+    target_modules: Annotated[str | Sequence[str], Option(
+        "all", "the modules adapters may touch: 'all' (every linear layer) or names such as ['q_proj', 'v_proj']",
+        _modules)]
+    max_loras_per_batch: Annotated[int, Option(
+        8, "adapters in one running batch, the base model counted (SGLang's default)", _count(1))]
+    adapters: Annotated[Mapping[str, Any] | None, Option(
+        None, "adapters loaded at start: {name: PEFT adapter directory}", _paths)]
+
+
+def lora_options(value: Any) -> dict[str, Any] | None:
+    """`Engine(lora=...)` resolved: None/False (no LoRA serving), True (the defaults) or a dict of
+    `LoraOptions`."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return resolve(LoraOptions, {})
+    if isinstance(value, Mapping):
+        return resolve(LoraOptions, value)
+    raise TypeError(f"lora must be True, False, None or a dict of {sorted(_fields(LoraOptions))}, got {value!r}")
+
 
 Schema = type  # one of the TypedDicts above
 _SCHEMAS: dict[type, dict[str, tuple[Any, Option]]] = {}

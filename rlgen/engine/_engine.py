@@ -29,6 +29,8 @@ from ..server import _keep_alive, _replicas
 from ..server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
 from ..server._models import resolve_model
 from ..server._weights import WeightsHash
+from ._adapter_choice import adapters_at_start
+from ._adapters import AdaptersMixin
 from ._base import EngineState
 from ._episodes import EpisodesMixin
 from ._generation import GenerationMixin
@@ -44,7 +46,6 @@ from ._startup import (
     registry_kept_summary,
     timed_load_tokenizer,
 )
-from ._weights import WeightsMixin
 
 if TYPE_CHECKING:
 
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "EngineState"]
 
-class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
+class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
     """An SGLang server owned by this notebook (or attached to), with a synchronous generate().
 
     Usage::
@@ -128,6 +129,11 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
             server that dies are retried on a live one (docs/scale-out.md). A request whose server
             died and that the router could not place is sent again by rlgen (up to 3 times, while
             another server runs). Not the flags rlgen sets itself (worker URLs, policy, host, port, API key).
+        lora: serve LoRA adapters (SGLang's `--enable-lora`): True for the defaults, or a dict of
+            `rlgen.LoraOptions`: `max_rank` (16), `target_modules` ('all' linear layers, or names),
+            `max_loras_per_batch` (8, the base model counted), `adapters` ({name: PEFT directory}
+            loaded at start). Then `eng.load_adapter(name, peft_model_or_directory)` and
+            `generate(..., adapter=name)`; the adapters' memory is reserved at start. None: no LoRA.
     """
 
     _api_key: str | None        # sent as Authorization: Bearer <key>
@@ -165,6 +171,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
         replicas: int = 1,
         gpus: Sequence[int] | None = None,
         router_args: Mapping[str, Any] | None = None,
+        lora: bool | Mapping[str, Any] | None = None,
     ) -> None:
         from ..core._progress import PhaseLine
         from ..server._process import launch_server
@@ -194,6 +201,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
             server_args=server_args,
             tp_size=tp_size,
             dp_size=dp_size,
+            lora=_options.lora_options(lora),
         )
         # 2) Load the tokenizer while the server starts (a kernel's first transformers import takes
         #    seconds). Stop servers left behind by dead kernels (their GPU memory is ours to reuse),
@@ -388,6 +396,8 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
         self._released: set[str] = set()      # memory tags released and not yet resumed
         self._behind_router = False           # connect() to an sglang-router: see rlgen.client._router
         self._replicas = None
+        self._adapters = {}                   # LoRA adapters the server holds, by name (engine._adapters)
+        self._adapter_loads = 0
 
     def _connect(self, *, tokenizer: Any) -> None:
         """Client, server info and tokenizer (an object, a path, or the future of the one loading in a
@@ -399,6 +409,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, WeightsMixin):
         try:
             self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
             self._weight_version = _loop.run_sync(self._client.get_info("model", timeout=60)).get("weight_version")
+            self._adapters = adapters_at_start(self._server_info)
             if isinstance(tokenizer, concurrent.futures.Future):
                 tokenizer = tokenizer.result()
             self.tokenizer = load_tokenizer(tokenizer)

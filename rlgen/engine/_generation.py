@@ -27,7 +27,8 @@ from ..core._errors import EngineError
 from ..core._options import GenerateOptions, StreamOptions, takes_options
 from ..core._types import Prompt, Prompts
 from ..server import _info as _server_info
-from ._base import AUTO_CHUNK_MAX, EngineBase
+from ._adapter_choice import AdapterChoiceMixin
+from ._base import AUTO_CHUNK_MAX
 from ._startup import pad_id
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class _Call:
     progress: bool | None
     started: float                    # time.time() when the call began
     sent: list[int]                   # the call's prompt positions in the job, in order
+    adapters: list[str | None] | None = None  # each prompt's LoRA adapter; None: the base model for all
     keys: list[str] | None = None     # the cache key of each of the call's prompts
     hits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # prompt position -> stored answers
 
@@ -63,7 +65,7 @@ def _finished(answer: dict[str, Any]) -> bool:
 
 
 
-class GenerationMixin(EngineBase):
+class GenerationMixin(AdapterChoiceMixin):
     """Generation methods of `Engine` (mixed into it)."""
 
     # -- generation ------------------------------------------------------------------------------
@@ -141,7 +143,10 @@ class GenerationMixin(EngineBase):
         if len(batch) != 1:
             raise ValueError("stream() takes one prompt; use generate(stream=True) for batches")
         self._warn_if_seed_ignored(resolved)
-        payload = {"input_ids": batch.ids[0], "sampling_params": _options.to_sglang(resolved), "rid": new_rid()}
+        adapters = self._adapter_names(resolved["adapter"], 1)
+        payload: dict[str, Any] = {"input_ids": batch.ids[0], "sampling_params": _options.to_sglang(resolved), "rid": new_rid()}
+        if adapters is not None:
+            payload["lora_path"] = adapters[0]
         return _loop.iterate(self._text_pieces(payload))
 
     async def _text_pieces(self, payload: dict[str, Any]) -> AsyncIterator[str]:
@@ -172,13 +177,14 @@ class GenerationMixin(EngineBase):
         if max_in_flight is None:
             max_in_flight = chunks_to_fill(_server_info.running_capacity(self._server_info), chunk_size, opts["n"])
         batch.data = prompt_data(opts["data"], len(batch), reserved=RESERVED_DATA_NAMES)
+        adapters = self._adapter_names(opts["adapter"], len(batch))
         job = GenerateJob(
             prompt_ids=batch.ids, sampling=_options.to_sglang(opts), n=opts["n"], logprobs=opts["logprobs"],
             top_logprobs=opts["top_logprobs"], stream=opts["stream"], chunk_size=chunk_size,
-            max_in_flight=max_in_flight,
+            max_in_flight=max_in_flight, per_prompt={} if adapters is None else {"lora_path": adapters},
         )
         call = _Call(batch=batch, job=job, progress=opts["progress"], started=started,
-                     sent=list(range(len(batch.ids))))
+                     sent=list(range(len(batch.ids))), adapters=adapters)
         mode = self._cache_mode if opts["cache"] is None else opts["cache"]
         if mode and self._cacheable(job, mode):
             self._look_up(call)
@@ -215,14 +221,19 @@ class GenerationMixin(EngineBase):
         job = call.job
         # The weight version as this Engine last set or read it: a lookup makes no request, so it
         # trusts that the served weights change only through this Engine.
+        adapters = call.adapters or [None] * len(job.prompt_ids)
+        shas = {name: self._adapter_sha256(name) for name in set(adapters)}
         call.keys = [cache_key(weights_sha256=digest, weight_version=self._weight_version, prompt_ids=ids, sampling=job.sampling,
-                               n=job.n, logprobs=job.logprobs, top_logprobs=job.top_logprobs) for ids in job.prompt_ids]
+                               n=job.n, logprobs=job.logprobs, top_logprobs=job.top_logprobs,
+                               adapter_sha256=shas[adapter])
+                     for ids, adapter in zip(job.prompt_ids, adapters)]
         for i, key in enumerate(call.keys):
             answers = self._completions.get(key, n=job.n)
             if answers is not None:
                 call.hits[i] = answers
         call.sent = [i for i in range(len(call.keys)) if i not in call.hits]
         job.prompt_ids = [job.prompt_ids[i] for i in call.sent]
+        job.per_prompt = {name: [values[i] for i in call.sent] for name, values in job.per_prompt.items()}
 
     def _warn_if_plain_text_to_chat_model(self, prompts: Prompts) -> None:
         """Once per Engine: plain-text prompts to a model with a chat template. A chat model given
@@ -272,6 +283,8 @@ class GenerationMixin(EngineBase):
         extra: dict[str, list[Any]] = {"ttft_s": job.ttft_s, "itl_s": job.itl_s} if job.stream else {}
         if batch.chats is not None:
             extra["prompt_messages"] = [chat for chat in batch.chats for _ in range(n)]
+        if self.serves_lora or call.adapters is not None:  # base rows too: None
+            extra["adapter"] = [a for a in (call.adapters or [None] * len(batch.ids)) for _ in range(n)]
         extra.update({name: [v for v in values for _ in range(n)] for name, values in batch.data.items()})
         if call.keys is not None:
             extra["cached"] = [i in call.hits for i in range(len(batch.ids)) for _ in range(n)]
@@ -286,10 +299,11 @@ class GenerationMixin(EngineBase):
         """`Rollouts.record`: what made this call's rows."""
         versions = [(r.get("meta_info") or {}).get("weight_version") for r in responses if r is not None]
         cache = None if call.keys is None else {"hits": len(call.hits), "sent": len(call.sent)}
-        return self._run_record(started=call.started, sampling=sampling, weight_versions=versions, cache=cache)
+        return self._run_record(started=call.started, sampling=sampling, weight_versions=versions, cache=cache,
+                                adapters=call.adapters)
 
     def _run_record(self, *, started: float, sampling: dict[str, Any], weight_versions: Sequence[Any],
-                    cache: dict[str, int] | None) -> dict[str, Any]:
+                    cache: dict[str, int] | None, adapters: Sequence[str | None] | None = None) -> dict[str, Any]:
         """What made a call's rows (`Rollouts.record`), for generate() and episodes() alike."""
         from .._version import __version__
 
@@ -311,6 +325,7 @@ class GenerationMixin(EngineBase):
                 timespec="seconds"),
             "gpu": self._gpu(),
             "cache": cache,
+            "adapters": self._adapter_record(adapters),  # name -> source, rank, sha256, load; None: base model only
         }
 
     def _gpu(self) -> str | None:

@@ -8,6 +8,7 @@ that a result's sampled logprobs match a re-score of the same tokens, with its b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 from ..client._generate import GenerateJob, chunks_to_fill, run_generate
@@ -15,7 +16,8 @@ from ..core import _loop
 from ..core._errors import RequestError
 from ..core._types import Prompts
 from ..server import _info as _server_info
-from ._base import AUTO_CHUNK_MAX, EngineBase
+from ._adapter_choice import AdapterChoiceMixin
+from ._base import AUTO_CHUNK_MAX
 from ._startup import pad_id
 
 if TYPE_CHECKING:
@@ -35,13 +37,17 @@ _BF16_MAX_DIFF, _BF16_MEAN_DIFF = 1.0, 0.05
 _CPU_SCORE_CHUNK = 8
 
 
-class ScoringMixin(EngineBase):
+class ScoringMixin(AdapterChoiceMixin):
     """Scoring methods of `Engine` (mixed into it)."""
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, prompts: Prompts | Rollouts, completions: Sequence[str] | Sequence[Sequence[int]] | None = None,
-              *, progress: bool | None = None) -> Rollouts:
+              *, adapter: str | Sequence[str | None] | EllipsisType | None = ..., progress: bool | None = None) -> Rollouts:
         """Logprobs of given tokens under the model (one prefill each, no sampling).
+
+        `adapter`: the LoRA adapter to score under, or one per prompt/row (None = the base model).
+        Default: a `Rollouts`' rows under the adapter each was sampled with (its `adapter` column),
+        prompts under the base model; `adapter=None` re-scores any rows under the base model.
 
         `eng.score(prompts, completions)`: one completion (text or token ids) per prompt.
         `eng.score(res)`: the exact sampled ids of every row of a `Rollouts` (its prompt ids and
@@ -64,7 +70,7 @@ class ScoringMixin(EngineBase):
         if isinstance(prompts, Rollouts):
             if completions is not None:
                 raise ValueError("score(rollouts) re-scores the rollouts' own tokens; pass no completions")
-            return self._score_rollouts(prompts, progress=progress)
+            return self._score_rollouts(prompts, adapter=adapter, progress=progress)
         if completions is None:
             raise ValueError("give one completion per prompt, or pass a Rollouts to re-score its sampled tokens")
         batch = self._normalize(prompts, max_new_tokens=1)
@@ -75,12 +81,15 @@ class ScoringMixin(EngineBase):
         for i, c in enumerate(completion_ids):
             if not c:
                 raise ValueError(f"completion {i} is empty; nothing to score")
-        entries = self._score_ids(batch.ids, completion_ids, progress=progress)
+        adapters = self._adapter_names(None if adapter is ... else adapter, len(batch))
+        entries = self._score_ids(batch.ids, completion_ids, adapters=adapters, progress=progress)
         return rollouts_from_responses(entries, prompt_ids=batch.ids, prompt_texts=batch.texts, n=1,
                                        pad_token_id=pad_id(self.tokenizer), model=self.model,
-                                       sampling={"score": True}, decode=self._token_text)
+                                       sampling={"score": True}, decode=self._token_text,
+                                       extra=self._adapter_column(adapters, len(batch)))
 
-    def _score_rollouts(self, rollouts: Rollouts, *, progress: bool | None) -> Rollouts:
+    def _score_rollouts(self, rollouts: Rollouts, *, adapter: str | Sequence[str | None] | EllipsisType | None,
+                        progress: bool | None) -> Rollouts:
         """`score(res)`: every row's prompt + response ids; a row without response tokens stays empty."""
         from ..rollouts._build import rollouts_from_responses
 
@@ -88,10 +97,21 @@ class ScoringMixin(EngineBase):
             raise ValueError("the rollouts have no rows to re-score")
         prompt_ids = rollouts.id_lists("prompt")
         response_ids = rollouts.id_lists("response")
-        entries = self._score_ids(prompt_ids, response_ids, progress=progress)
+        if adapter is ...:  # each row under the adapter it was sampled with
+            column = rollouts.df["adapter"] if "adapter" in rollouts.df.columns else None
+            adapter = None if column is None else [None if _missing(a) else str(a) for a in column]
+        adapters = self._adapter_names(adapter, len(rollouts))
+        entries = self._score_ids(prompt_ids, response_ids, adapters=adapters, progress=progress)
         return rollouts_from_responses(entries, prompt_ids=prompt_ids, prompt_texts=rollouts.df["prompt"].tolist(),
                                        n=1, pad_token_id=rollouts.pad_token_id, model=self.model,
-                                       sampling={"score": True}, decode=self._token_text)
+                                       sampling={"score": True}, decode=self._token_text,
+                                       extra=self._adapter_column(adapters, len(rollouts)))
+
+    def _adapter_column(self, adapters: Sequence[str | None] | None, rows: int) -> dict[str, list[Any]]:
+        """The scored rows' `adapter` column, as generate() writes it."""
+        if adapters is None and not self.serves_lora:
+            return {}
+        return {"adapter": list(adapters) if adapters is not None else [None] * rows}
 
     def check_logprobs(self, rollouts: Rollouts, *, max_diff: float | None = None, mean_diff: float | None = None,
                        progress: bool | None = None) -> LogprobCheck:
@@ -129,19 +149,22 @@ class ScoringMixin(EngineBase):
         return check_verdict(compare_logprobs(rollouts, rescored, off_by=bounds["max_diff"]), reason=None, **bounds)
 
     def _score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], *,
-                   progress: bool | None) -> list[dict[str, Any]]:
-        """Prefill prompt+completion with input logprobs from the last prompt token on.
+                   adapters: Sequence[str | None] | None = None, progress: bool | None) -> list[dict[str, Any]]:
+        """Prefill prompt+completion with input logprobs from the last prompt token on (under each
+        row's adapter, where `adapters` gives them).
 
-        Identical (prompt, completion) pairs are prefilled once. An empty completion gets an entry
-        with no tokens, without a request.
+        Identical (prompt, completion, adapter) triples are prefilled once. An empty completion gets
+        an entry with no tokens, without a request.
         """
         from ..rollouts._response_arrays import scored_entry
 
         self._check_ready()
-        first: dict[tuple[int, tuple[int, ...]], int] = {}  # distinct (prompt length, ids) -> first row
-        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        row_adapter = list(adapters) if adapters is not None else [None] * len(prompt_ids)
+        first: dict[tuple[int, tuple[int, ...], str | None], int] = {}  # distinct (prompt length, ids, adapter) -> row
+        keys = [(len(p), tuple(p + c), a) for p, c, a in zip(prompt_ids, completion_ids, row_adapter)]
+        for i, c in enumerate(completion_ids):
             if c:
-                first.setdefault((len(p), tuple(p + c)), i)
+                first.setdefault(keys[i], i)
         # Longest first: rows of similar length share a chunk, and the CPU backend pads a prefill
         # batch to its longest row (SGLang packs rows without padding, so the order costs nothing).
         todo = sorted(first.values(), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]), reverse=True)
@@ -158,6 +181,8 @@ class ScoringMixin(EngineBase):
             stream=False, chunk_size=chunk_size, max_in_flight=max_in_flight,
             per_prompt={"logprob_start_len": [len(prompt_ids[i]) - 1 for i in todo]},
         )
+        if adapters is not None:
+            job.per_prompt["lora_path"] = [row_adapter[i] for i in todo]
         with self._progress_line(job, progress, label="score", unit="row") as line:
             # A scoring request generates one throwaway token per row: rows are the measure, not tok/s.
             _loop.run_sync(run_generate(self._client, job, on_progress=lambda rows, _tokens: line.advance(rows)),
@@ -169,9 +194,14 @@ class ScoringMixin(EngineBase):
                 entries.append(scored_entry({"meta_info": {"input_token_logprobs": [[None, p[-1] if p else 0]]}},
                                             prompt_len=len(p), completion_ids=[], text=""))
                 continue
-            r = answers[first[(len(p), tuple(p + c))]]
+            r = answers[first[keys[i]]]
             if r is None:
                 raise RequestError("the server did not answer this scoring request", prompt_index=i)
             entries.append(scored_entry(r, prompt_len=len(p), completion_ids=c,
                                         text=self.tokenizer.decode(c, skip_special_tokens=True)))
         return entries
+
+
+def _missing(value: Any) -> bool:
+    """None or a missing value (NaN) in an `adapter` column: the base model."""
+    return value is None or (isinstance(value, float) and value != value)

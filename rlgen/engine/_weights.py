@@ -29,7 +29,7 @@ from ._startup import is_loopback
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WeightsMixin"]
+__all__ = ["WeightsMixin", "collect_ipc", "uuid_key"]
 
 _MIB = 1 << 20
 _DISK_HINT = ("save the weights where the server can read them and load them from there: "
@@ -106,7 +106,7 @@ class WeightsMixin(ControlMixin):
             line.close(totals=f"{len(checked.tensors):,} tensors · {total_mib:,.0f} MiB · "
                               f"{len(groups)} request{'s' if len(groups) != 1 else ''} ({transport.value})")
         if transport is Transport.IPC:
-            _collect_ipc()
+            collect_ipc()
         self._mark_pushed(version)
         info = _loop.run_sync(self._client.get_info("model", timeout=30))
         self._weight_version = info.get("weight_version", version)
@@ -140,7 +140,7 @@ class WeightsMixin(ControlMixin):
                                f"({', '.join(map(str, devices))}): put them on one, or pass flatten=False")
         server_gpus = self._server_gpus()
         if server_gpus is not None:
-            wrong = [d for d in devices if _uuid_key(device_uuid(d.index or 0)) not in server_gpus]
+            wrong = [d for d in devices if uuid_key(device_uuid(d.index or 0)) not in server_gpus]
             if wrong:
                 raise WeightsError(
                     f"the tensors are on {', '.join(map(str, wrong))}, and the server runs on another GPU "
@@ -246,16 +246,16 @@ def _local_names(uuids: set[str]) -> str:
     """The server's GPUs as this process numbers them (cuda:N), or by UUID where it cannot see them."""
     import torch
 
-    visible = {_uuid_key(device_uuid(i)): f"cuda:{i}" for i in range(torch.cuda.device_count())}
+    visible = {uuid_key(device_uuid(i)): f"cuda:{i}" for i in range(torch.cuda.device_count())}
     return ", ".join(sorted(visible.get(u, f"GPU-{u}") for u in uuids))
 
 
-def _uuid_key(uuid: str) -> str:
+def uuid_key(uuid: str) -> str:
     """A GPU UUID as `gpu_uuids_of` gives it: lowercase, without nvidia-smi's "GPU-" prefix."""
     return uuid.lower().removeprefix("gpu-")
 
 
-def _collect_ipc() -> None:
+def collect_ipc() -> None:
     """Free the memory of IPC-shared copies the server has let go of (torch keeps them until then)."""
     import torch
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core._errors import EngineError
 
-__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "cuda_device_count", "mapping_flags",
+__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "cuda_device_count", "lora_flags", "mapping_flags",
            "redacted", "server_argv"]
 
 # Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
@@ -98,11 +98,13 @@ def server_argv(
     server_args: Mapping[str, Any] | Sequence[str] | None,
     tp_size: int = 1,
     dp_size: int = 1,
+    lora: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The server command: rlgen's defaults first, then RLGEN_SGLANG_ARGS, then the user's args.
 
     `tp_size` / `dp_size` are SGLang's tensor and data parallelism over this host's GPUs
-    (`--tp-size`, `--dp-size`); the CPU backend has one process and refuses more."""
+    (`--tp-size`, `--dp-size`); the CPU backend has one process and refuses more. `lora`: resolved
+    `core._options.LoraOptions`, or None for no LoRA serving (`lora_flags`)."""
     for name, size in (("tp_size", tp_size), ("dp_size", dp_size)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{name} must be an int >= 1, got {size!r}")
@@ -114,7 +116,7 @@ def server_argv(
         argv = [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path]
         if enable_metrics:
             argv.append("--enable-metrics")
-        return argv + user
+        return argv + lora_flags(lora) + user
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     defaults: list[str] = []
     if not _has_flag(user, "--mem-fraction-static"):
@@ -134,7 +136,20 @@ def server_argv(
     for flag, size in (("--tp-size", tp_size), ("--dp-size", dp_size)):
         if size > 1 and not _has_flag(user, flag):
             defaults += [flag, str(size)]
-    return argv + defaults + site + user
+    return argv + defaults + lora_flags(lora) + site + user
+
+
+def lora_flags(lora: Mapping[str, Any] | None) -> list[str]:
+    """SGLang's LoRA serving flags for resolved `LoraOptions` (the CPU backend takes the same):
+    `--enable-lora`, the largest rank and the target modules (which SGLang needs when no adapter
+    is given at start), adapters per batch, and the adapters to load at start as `name=path`."""
+    if lora is None:
+        return []
+    flags = ["--enable-lora", "--max-lora-rank", str(lora["max_rank"]), "--lora-target-modules",
+             *lora["target_modules"], "--max-loras-per-batch", str(lora["max_loras_per_batch"])]
+    if lora["adapters"]:
+        flags += ["--lora-paths", *(f"{name}={os.path.abspath(path)}" for name, path in lora["adapters"].items())]
+    return flags
 
 
 def mapping_flags(options: Mapping[str, Any]) -> list[str]:
