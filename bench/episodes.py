@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shlex
 import statistics
 import time
 from collections import Counter
@@ -300,7 +301,8 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
     T, K = size["turns"], size["turn_tokens"]
     C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
     t0 = time.monotonic()
-    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"))
+    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"),
+                       server_args=shlex.split(args.server_args))
     try:
         record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng.info.get("command"),
                             "max_total_num_tokens": eng.server_info.get("max_total_num_tokens")}
@@ -463,6 +465,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=None, help="assistant turns per episode (default 4)")
     ap.add_argument("--turn-tokens", type=int, default=None, help="tokens per turn, K (default 64; 4 with --quick)")
     ap.add_argument("--max-in-flight", type=int, default=None, help="episodes' requests in flight (default: all)")
+    ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
+                    "scheduling), recorded with the run")
     C.add_report_only(ap)
     args = ap.parse_args()
     if C.reported_again(args, report):
