@@ -382,3 +382,21 @@ def test_a_verl_reward_model_data_column_shows_as_data_not_as_a_reward():
     assert headers(page) == ["prompt", "sample", "data", "completion"]  # no reward column: nothing was scored
     data_cell = page.split("<tbody>")[1].split("</tr>")[0].split("<td")[3]
     assert ">reward_model</span>" in data_cell and "ground_truth" in data_cell
+
+
+def test_the_record_line_says_where_the_weights_came_from():
+    # The record's weights_path is None only for weights pushed from the notebook's tensors
+    # (Engine.update_weights): the view says so, not that they are on another machine.
+    res = make()
+    run = next(iter(res.run_records))
+    base = {"backend": "cpu", "server_version": "1", "started_utc": "2026-12-02T05:00:00+00:00"}
+    res.run_records[run] = {**base, "weights_path": None, "weights_sha256": None, "weight_versions": ["tensors@1"]}
+    line = html.unescape(res._repr_html_()).split("record: ", 1)[1].split("</div>", 1)[0]
+    assert "weights pushed from the notebook's tensors (update_weights; on no disk, not hashed)" in line
+    assert "not on this machine" not in line and "weight version tensors@1" in line
+    # A checkout this machine cannot read (a remote server's path) is still "not on this machine",
+    # and a hashed checkout shows its digest.
+    res.run_records[run] = {**base, "weights_path": "/remote/ckpt", "weights_sha256": None}
+    assert "weights not hashed (not on this machine)" in html.unescape(res._repr_html_())
+    res.run_records[run] = {**base, "weights_path": "/ckpt", "weights_sha256": "ab" * 32}
+    assert f"weights sha256 {'ab' * 6}" in res._repr_html_()

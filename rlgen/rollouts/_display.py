@@ -265,8 +265,7 @@ def _mask_note(r: RolloutsView, shown: Any) -> tuple[str, str]:
 
 def _provenance(rec: dict[str, Any]) -> str:
     parts = [f"{rec.get('backend')} server {rec.get('server_version')}"]
-    digest = rec.get("weights_sha256")
-    parts.append(f"weights sha256 {digest[:12]}" if digest else "weights not hashed (not on this machine)")
+    parts.append(_weights_part(rec))
     parts.append("weight version " + ", ".join(map(str, rec.get("weight_versions") or ["?"])))
     if rec.get("seed") is not None:
         parts.append(f"seed {rec['seed']}")
@@ -279,6 +278,18 @@ def _provenance(rec: dict[str, Any]) -> str:
         total = cache["hits"] + cache["sent"]
         parts.append(f"{cache['hits']} of {total} prompts from the completion cache")
     return " · ".join(parts)
+
+
+def _weights_part(rec: dict[str, Any]) -> str:
+    """Where the served weights came from: a checkout's digest; weights pushed from the notebook's
+    tensors (`Engine.update_weights`: the record's `weights_path` is None, they are on no disk); or
+    a checkout this machine cannot read (a remote server's path)."""
+    digest = rec.get("weights_sha256")
+    if digest:
+        return f"weights sha256 {digest[:12]}"
+    if "weights_path" in rec and rec["weights_path"] is None:
+        return "weights pushed from the notebook's tensors (update_weights; on no disk, not hashed)"
+    return "weights not hashed (not on this machine)"
 
 
 def record_note(r: RolloutsView) -> str:

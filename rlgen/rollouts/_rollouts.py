@@ -183,7 +183,8 @@ class Rollouts(TensorProperties, RewardMethods):
     def record(self) -> dict[str, Any] | None:
         """What made this result, for reproducing it: rlgen and server versions, backend, model
         path and the SHA-256 of its weights (`weights_sha256`, None where the weights are not on
-        this machine), the server's command line (API key redacted), sampling parameters with `n`
+        this machine or were pushed from tensors by `Engine.update_weights`, whose records have
+        `weights_path` None: they are on no disk), the server's command line (API key redacted), sampling parameters with `n`
         and `seed`, the weight versions of its rows, the call's start time (UTC), the GPU, and the
         completion cache's hits. Kept by selection, `concat` and parquet. None when the result was
         not made by `Engine.generate` (hand-built, an older file); per run in `run_records` when it
