@@ -11,6 +11,7 @@ several requests with the same result; rows record the version; it works inside 
 from __future__ import annotations
 
 import copy
+import html
 import json
 import urllib.error
 import urllib.request
@@ -125,6 +126,7 @@ def test_a_push_serves_what_a_fresh_server_loads_from_the_same_weights_on_disk(
     # The weights are on no disk: the record says so, and the completion cache (keyed by their
     # content hash) refuses rather than serve another model's completions.
     assert greedy.record["weights_path"] is None and greedy.record["weights_sha256"] is None
+    assert "weights pushed from the notebook's tensors" in html.unescape(greedy._repr_html_())  # the view's record line
     with pytest.raises(EngineError, match=r"pushed with update_weights\(\) have none: pass cache=False"):
         eng.generate(CHATS, max_new_tokens=4, temperature=0.0, cache=True)
 
