@@ -188,12 +188,9 @@ def main() -> None:
                 record["runs"].append(run)
                 record.save()
 
-        # the adapter served equals the trainer's own LoRA forward on fixed texts (base weights: the last push)
-        eng.update_weights(policy, weight_version="final")
-        with torch.no_grad():
-            for (name, p), (_, q) in zip(base_for_lora.named_parameters(), policy.named_parameters()):
-                if "lora_" not in name and p.shape == q.shape:
-                    p.copy_(q)
+        # the adapter served equals the trainer's own LoRA forward on fixed texts, over the checkpoint's
+        # weights on both sides (the LoRA model's base was loaded from it and never changed)
+        eng.update_weights_from_disk(model, weight_version="checkpoint")
         eng.load_adapter("policy", lora_model)
         served = fixed_logprobs(eng, tok, adapter="policy")
         served_base = fixed_logprobs(eng, tok)

@@ -59,7 +59,7 @@ def test_a_directory_without_an_adapter_says_what_to_pass(tmp_path: Path) -> Non
     with pytest.raises(AdapterError, match="holds a model, not an adapter"):
         _lora.from_directory(tmp_path)
     (tmp_path / "adapter_config.json").write_text("{}")
-    with pytest.raises(AdapterError, match="adapter_model.safetensors"):
+    with pytest.raises(AdapterError, match=r"adapter_model\.safetensors"):
         _lora.from_directory(tmp_path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,14 @@ def test_choosing_the_backend_with_sglang_installed_does_not_import_torch(tmp_pa
             "print(choose_backend('auto'), cuda_device_count(), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["cpu", "0", "False"]
+
+
+def test_the_default_memory_share_adds_the_weights_share_to_the_caches(tmp_path: Path) -> None:
+    from rlgen.server._command import memory_fraction
+
+    (tmp_path / "model-00001.safetensors").write_bytes(b"\0" * (14 << 20))  # 14 MiB of "weights"
+    assert memory_fraction(str(tmp_path), gpu_total_mib=140) == 0.3           # 0.2 + 14/140
+    assert memory_fraction(str(tmp_path), gpu_total_mib=140, tp_size=2) == 0.25
+    assert memory_fraction(str(tmp_path), gpu_total_mib=10) == 0.9            # never the whole GPU
+    assert memory_fraction(str(tmp_path), gpu_total_mib=None) == DEFAULT_GPU_MEMORY_FRACTION
+    assert memory_fraction(str(tmp_path / "missing"), gpu_total_mib=140) == DEFAULT_GPU_MEMORY_FRACTION

@@ -26,8 +26,9 @@ from ..core._errors import RequestError
 from ..rollouts._token_text import TokenText
 from ..server import _info as _server_info
 from ..server import _keep_alive, _replicas
-from ..server._command import DEFAULT_GPU_MEMORY_FRACTION, choose_backend, server_argv
+from ..server._command import choose_backend, memory_fraction, server_argv
 from ..server._models import resolve_model
+from ..server._process_tree import gpu_total_mib
 from ..server._weights import WeightsHash
 from ._adapter_choice import adapters_at_start
 from ._adapters import AdaptersMixin
@@ -73,7 +74,9 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         backend: "auto" (SGLang if CUDA and sglang are available, else the CPU backend),
             "sglang" or "cpu".
         gpu_memory_fraction: share of the GPU's memory the SGLang server may take (weights + KV
-            cache), so the notebook keeps the rest for its own torch work.
+            cache), so the notebook keeps the rest for its own torch work. None (default): 0.2 for
+            the KV cache and activations plus the weights' own share (0.2 for a 135M model, ~0.3
+            for 7B on an H200), so a large model keeps the cache a small one gets.
         fast_start: start a few seconds sooner: no prefill CUDA graphs and no warm-up request
             (decode graphs stay: decode without them is about 6x slower).
         enable_memory_saver: start SGLang so that `release_memory()` / `paused()` can free GPU
@@ -151,7 +154,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         model: str | os.PathLike[str] | None = None,
         *,
         backend: str = "auto",
-        gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
+        gpu_memory_fraction: float | None = None,
         fast_start: bool = False,
         enable_memory_saver: bool = False,
         enable_metrics: bool = False,
@@ -183,12 +186,17 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self._server: ServerProcess | None = None
-        if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
-            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
+        if gpu_memory_fraction is not None and (isinstance(gpu_memory_fraction, bool)
+                                                or not isinstance(gpu_memory_fraction, (int, float))
+                                                or not 0 < gpu_memory_fraction <= 1):
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1] or None (rlgen's default), got {gpu_memory_fraction!r}")
         # 1) What to serve, and with which backend.
         resolved = resolve_model(model)
         self.model, self.model_path = resolved.name, resolved.path
         self.backend = choose_backend(backend)
+        if gpu_memory_fraction is None:
+            gpu_total = gpu_total_mib() if self.backend == "sglang" else None
+            gpu_memory_fraction = memory_fraction(resolved.path, gpu_total_mib=gpu_total, tp_size=tp_size)
         self._memory_saver = enable_memory_saver
         self._metrics_enabled = enable_metrics
         argv = server_argv(

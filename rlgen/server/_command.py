@@ -14,11 +14,12 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..core._errors import EngineError
 
-__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "cuda_device_count", "lora_flags", "mapping_flags",
+__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "cuda_device_count", "lora_flags", "mapping_flags", "memory_fraction",
            "redacted", "server_argv"]
 
 # Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
@@ -36,6 +37,21 @@ _GRAPH_FLAGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-gra
 # Extra server flags for every SGLang launch, e.g. "--attention-backend triton" on a machine
 # without FA3 kernels. Appended before the user's `server_args`.
 SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
+
+
+def memory_fraction(model_path: str, *, gpu_total_mib: int | None, tp_size: int = 1) -> float:
+    """rlgen's default share of the GPU for a server of this model: DEFAULT_GPU_MEMORY_FRACTION for the
+    KV cache and activations, plus the share the weights take (per GPU: tp_size splits them), so that
+    a large model's weights do not come out of the cache a small one gets (at 7B, 0.2 of an H200 left
+    24.8k KV tokens: docs/benchmarks.md, "Model sizes"). The default alone where the GPU's size or
+    the weights' (safetensors or .bin files in the checkout) are unknown; at most 0.9."""
+    root = Path(model_path)
+    files = list(root.glob("*.safetensors")) or list(root.glob("*.bin")) if root.is_dir() else []
+    weights = sum(f.stat().st_size for f in files)
+    if not weights or not gpu_total_mib:
+        return DEFAULT_GPU_MEMORY_FRACTION
+    share = weights / tp_size / (gpu_total_mib * (1 << 20))
+    return round(min(0.9, DEFAULT_GPU_MEMORY_FRACTION + share), 3)
 
 
 def choose_backend(backend: str) -> str:

@@ -539,6 +539,17 @@ def gpu_uuids_of(pids: Sequence[int]) -> set[str] | None:
     return found or None
 
 
+def gpu_total_mib() -> int | None:
+    """The memory of the smallest GPU this process may use (CUDA_VISIBLE_DEVICES honoured where it
+    lists indices), in MiB, as `nvidia-smi` gives it; None where there is none to ask."""
+    rows = _nvidia_smi("--query-gpu=index,memory.total")
+    totals = {int(r[0]): int(r[1]) for r in rows or [] if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and all(v.strip().isdigit() for v in visible.split(",") if v.strip()):
+        totals = {i: t for i, t in totals.items() if str(i) in {v.strip() for v in visible.split(",")}}
+    return min(totals.values()) if totals else None
+
+
 def gpu_name() -> str | None:
     """The first GPU's name as `nvidia-smi` gives it, or None where there is none to ask."""
     rows = _nvidia_smi("--query-gpu=name")

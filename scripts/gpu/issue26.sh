@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: issue 26's proofs and the size table, in two calls (see ../shared/gpu/README.md).
-#   bash scripts/gpu/issue26.sh small    # 135M: LoRA checks, the size row, notebooks 04 and 07 (~8-9 min)
-#   bash scripts/gpu/issue26.sh large    # random-weight Llama 1.7B and 7B: their size rows (~9 min)
+#   bash scripts/gpu/issue26.sh small      # 135M: LoRA checks and the size row (~6 min on a fresh machine)
+#   bash scripts/gpu/issue26.sh notebooks  # notebooks 04 (tensor path) and 07 (LoRA RL step) on SGLang
+#   bash scripts/gpu/issue26.sh large [shape]  # random-weight Llama 1.7B and 7B (or one): their size rows
 # Each part writes straight to $OUT, so a call cut by its time limit keeps what it had.
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
@@ -12,6 +13,7 @@ if [ "$part" = small ]; then
   echo "lora_check: exit $?"; grep -E "PASS|FAIL|checks passed" "$OUT/lora_check.txt" | cut -c1-220
   timeout 150 python3 bench/sizes.py --out "$OUT/sizes-0.135b.json" --model "$RLGEN_TEST_MODEL" > "$OUT/sizes-0.135b.txt" 2>&1
   echo "sizes 0.135b: exit $?"; tail -22 "$OUT/sizes-0.135b.txt"
+elif [ "$part" = notebooks ]; then
   for nb in 04_one_rl_step 07_lora_rl_step; do
     [ -f "notebooks/$nb.ipynb" ] || continue
     t0=$SECONDS
@@ -22,7 +24,7 @@ if [ "$part" = small ]; then
   done
 else
   mkdir -p /tmp/ckpt
-  for shape in llama-1.7b llama-7b; do
+  for shape in ${2:-llama-1.7b llama-7b}; do
     t0=$SECONDS
     [ -d "/tmp/ckpt/$shape" ] || python3 bench/make_checkpoint.py --shape "$shape" --out "/tmp/ckpt/$shape" --device cuda \
       > "$OUT/make-$shape.txt" 2>&1

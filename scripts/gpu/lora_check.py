@@ -143,7 +143,8 @@ def main() -> None:
         prompts = [[{"role": "user", "content": q}] for q in ("Name a colour.", "What is 2+3?", "Say hi.", "Count to 3.")]
         mixed = eng.generate(prompts * 2, adapter=[None] * 4 + ["ipc"] * 4, max_new_tokens=24, temperature=0)
         alone = eng.generate(prompts, max_new_tokens=24, temperature=0)
-        check("rows record their adapter", list(mixed.df["adapter"]) == [None] * 4 + ["ipc"] * 4 and
+        recorded = [None if not isinstance(a, str) else a for a in mixed.df["adapter"]]  # base rows: missing
+        check("rows record their adapter", recorded == [None] * 4 + ["ipc"] * 4 and
               "ipc" in (mixed.record.get("adapters") or {}), adapters=list(mixed.df["adapter"]),
               record=mixed.record.get("adapters"))
         verdict = eng.check_logprobs(mixed)
