@@ -26,7 +26,12 @@ Modules:
     _batch         the running batch's tensors (left-padded, growing KV cache) and their surgery
     _sampling      penalties, token choice (greedy, top-k/top-p/min-p, seeds), logprobs, top-k lists
     _outputs       stop conditions, output text and SeqOutput snapshots
-    _prefix_cache  the KV of earlier prompts, for reuse (SGLang's radix cache, as a bounded list)
+    _prefix_cache  the KV of earlier prompts, for reuse (SGLang's radix cache, as a bounded list),
+                   never shared across LoRA adapters
+    _lora_flags    SGLang's LoRA flags and their checks, LoraRef
+    _lora_adapter  a PEFT adapter read and checked (SGLang's rules and messages), its weights and scaling
+    _lora          LoRA hooks on the model's linear layers, the loaded adapters, per-row adapters
+    _lora_api      SGLang's LoRA registry and endpoints, a /generate's lora_path to adapter ids
     _faults        fault modes driven by RLGEN_CPU_* environment variables, for lifecycle tests
 """
 

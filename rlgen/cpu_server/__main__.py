@@ -1,7 +1,9 @@
 """`python -m rlgen.cpu_server`: command line and startup phases of the CPU backend.
 
 Owns: argument parsing (SGLang's flag names; unknown flags are warned about and ignored, so a
-launcher can pass SGLang arguments through), the startup sequence and its SGLang-like log lines
+launcher can pass SGLang arguments through; the LoRA flags and their checks come from
+`_lora_flags`, and a failed check ends the process before anything loads, as in SGLang), the
+startup sequence and its SGLang-like log lines
 (a launcher shows them as progress), binding the port, the warm-up, and shutdown on SIGTERM/SIGINT.
 
 Startup: "Load weight begin" → load → "Load weight end" → "KV Cache is allocated" → bind
@@ -22,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rlgen.cpu_server import _faults
+from rlgen.cpu_server._lora_flags import add_lora_arguments, check_lora_args, lora_server_args
 
 if TYPE_CHECKING:
     from rlgen.cpu_server._app import BackendState
@@ -60,9 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--disable-prefill-cuda-graph", action="store_true")
     parser.add_argument("--skip-server-warmup", action="store_true")
     parser.add_argument("--cpu-threads", type=int, default=None, help="torch threads (default: 1 on up to 2 cores, else cores - 1)")
+    add_lora_arguments(parser)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         print(f"WARNING: rlgen.cpu_server ignores unsupported arguments: {' '.join(unknown)}", flush=True)
+    check_lora_args(args)
     return args
 
 
@@ -93,6 +98,7 @@ def _load_runner(args: argparse.Namespace) -> Runner:
     import torch
     import transformers
 
+    from rlgen.cpu_server._lora import LoraSpec
     from rlgen.cpu_server._model import default_num_threads
     from rlgen.cpu_server._runner import DEFAULT_PREFIX_CACHE_BYTES, Runner
 
@@ -105,6 +111,8 @@ def _load_runner(args: argparse.Namespace) -> Runner:
         max_prefill_tokens=args.max_prefill_tokens,
         random_seed=args.random_seed,
         prefix_cache_bytes=0 if args.disable_radix_cache else DEFAULT_PREFIX_CACHE_BYTES,
+        lora=LoraSpec(args.max_lora_rank, args.lora_target_modules, args.max_loras_per_batch, list(args.lora_paths))
+        if args.enable_lora else None,
     )
 
 
@@ -113,6 +121,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     from transformers import AutoTokenizer
 
     from rlgen.cpu_server._app import BackendState, build_app
+    from rlgen.cpu_server._lora_api import LoraApi
 
     tokenizer_path = args.tokenizer_path or args.model_path
     state = BackendState(
@@ -122,6 +131,8 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
         model_path=args.model_path,
         tokenizer_path=tokenizer_path,
         served_model_name=args.served_model_name or args.model_path,
+        lora=LoraApi(runner, enabled=bool(args.enable_lora), max_loaded_loras=args.max_loaded_loras,
+                     initial=list(args.lora_paths or []) if args.enable_lora else []),
     )
     # A short shutdown_timeout: on SIGTERM, open streams must not hold the exit for a minute.
     web_runner = web.AppRunner(build_app(state, api_key=args.api_key), access_log=None, handle_signals=False,
@@ -190,6 +201,7 @@ def _server_args(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
         "skip_server_warmup": args.skip_server_warmup,
         "tp_size": 1,
         "dp_size": 1,
+        **lora_server_args(args),
     }
 
 

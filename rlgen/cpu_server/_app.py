@@ -6,9 +6,11 @@ server's identity, weight version, readiness and metrics counters), /generate's 
 planned jobs, answer whole or as an SSE stream, abort the jobs when the client leaves), health,
 info, loads and metrics, and the control endpoints (abort, flush, memory release and resume,
 weight updates), which run on the scheduler thread through `Runner.call`. It composes what knows
-less: `_request` parses and validates bodies, `_response` shapes results and error bodies. The
-shapes follow docs/sglang-api.md; section numbers in comments refer to it. Knows nothing about
-tensors, batching or sampling: the runner is reached only through its thread-safe API.
+less: `_request` parses and validates bodies, `_response` shapes results and error bodies,
+`_lora_api` serves the LoRA endpoints and resolves a /generate's `lora_path` (the adapters stay in
+use until the request has finished). The shapes follow docs/sglang-api.md; section numbers in
+comments refer to it. Knows nothing about tensors, batching or sampling: the runner is reached
+only through its thread-safe API.
 
 Threading: everything here runs on the event loop thread, including the tokenizer this module
 owns (the runner has its own). Results come back from the scheduler thread through
@@ -31,6 +33,7 @@ from aiohttp import web
 
 from rlgen.cpu_server._faults import MidRequestDeath
 from rlgen.cpu_server._jobs import Job, SamplingParams, SeqOutput
+from rlgen.cpu_server._lora_api import LoraApi
 from rlgen.cpu_server._request import (
     Item,
     Plan,
@@ -84,6 +87,7 @@ class BackendState:
     model_path: str
     tokenizer_path: str
     served_model_name: str
+    lora: LoraApi
     weight_version: str = "default"
     ready: bool = False
     death: MidRequestDeath = field(default_factory=MidRequestDeath)
@@ -162,6 +166,9 @@ def build_app(state: BackendState, *, api_key: str | None = None) -> web.Applica
     app.router.add_post("/update_weights_from_tensor", routes.update_weights_from_tensor)
     app.router.add_post("/update_weight_version", routes.update_weight_version)
     app.router.add_post("/parse_function_call", routes.parse_function_call)
+    app.router.add_post("/load_lora_adapter", state.lora.load_lora_adapter)
+    app.router.add_post("/load_lora_adapter_from_tensors", state.lora.load_lora_adapter_from_tensors)
+    app.router.add_post("/unload_lora_adapter", state.lora.unload_lora_adapter)
     if state.server_args.get("enable_metrics"):
         app.router.add_get("/metrics", routes.metrics)
     return app
@@ -183,16 +190,21 @@ class Routes:
             return validation_error(str(e))
         stream = bool(fields["stream"])
         runner = self.state.runner
+        lora_ids = None  # the request's LoRA adapters, in use until it has finished
         try:
-            plan = plan_generate(fields, self.state.tokenizer, vocab_size=runner.vocab_size,
-                                 context_length=runner.context_length)  # fmt: skip
-        except ValueError as e:
-            if stream:  # SGLang validates inside the stream generator: 200 + an error event
-                return await sse_error(request, str(e))
-            return value_error(str(e))
-        if stream:
-            return await self._stream(request, plan, started)
-        return await self._collect(request, plan, started)
+            try:
+                lora_ids = await self.state.lora.acquire(fields["lora_path"])
+                plan = plan_generate(fields, self.state.tokenizer, vocab_size=runner.vocab_size,
+                                     context_length=runner.context_length, lora_ids=lora_ids)  # fmt: skip
+            except ValueError as e:
+                if stream:  # SGLang validates inside the stream generator: 200 + an error event
+                    return await sse_error(request, str(e))
+                return value_error(str(e))
+            if stream:
+                return await self._stream(request, plan, started)
+            return await self._collect(request, plan, started)
+        finally:
+            self.state.lora.release(lora_ids)
 
     async def _collect(self, request: web.Request, plan: Plan, started: float) -> web.Response:
         collector = Collector(asyncio.get_running_loop(), len(plan.jobs))

@@ -84,3 +84,5 @@ class Job:
     logprob_start_len: int = 0
     top_logprobs_num: int = 0
     stream: bool = False
+    # The LoRA adapter this sequence runs under (its lora_id), None for the base model.
+    lora_id: str | None = None

@@ -3,9 +3,9 @@
 Owns: decoding a JSON body, the type checks FastAPI/pydantic runs on a body (a wrong type is a
 `RequestValidationError`, which the routes answer with 400 and SGLang's ErrorResponse body), and
 turning a /generate body into a `Plan`: SGLang's `GenerateReqInput` normalization (single or
-batch, text or input_ids, rids, per-prompt lists, n samples), tokenization, the
-`SamplingParams.verify` rules and the context-length checks, each failure a ValueError with
-SGLang's message. The shapes follow docs/sglang-api.md; section numbers in comments refer to it.
+batch, text or input_ids, rids, per-prompt lists, n samples, each prompt's LoRA adapter),
+tokenization, the `SamplingParams.verify` rules and the context-length checks, each failure a
+ValueError with SGLang's message. The shapes follow docs/sglang-api.md; section numbers in comments refer to it.
 Knows nothing about aiohttp, responses, the runner or the scheduler thread: it reads bytes and
 dicts, takes the tokenizer and the model's limits as arguments, and returns `Job`s (with a
 placeholder sink) and the per-output `Item`s the response needs.
@@ -136,13 +136,18 @@ def check_generate_types(body: Any) -> dict[str, Any]:
         "log_metrics": typed(body, "log_metrics", (bool, type(None)), "a boolean") is not False,
         "return_prompt_token_ids": typed(body, "return_prompt_token_ids", (bool, type(None)), "a boolean") or False,
         "routed_dp_rank": typed(body, "routed_dp_rank", (int, type(None)), "an integer"),
+        "lora_path": typed(body, "lora_path", (str, list, type(None)), "a string or a list of strings",
+                           items=(str, type(None))),
     }
 
 
-def plan_generate(fields: dict[str, Any], tokenizer: Any, *, vocab_size: int, context_length: int) -> Plan:
+def plan_generate(
+    fields: dict[str, Any], tokenizer: Any, *, vocab_size: int, context_length: int, lora_ids: dict[str, str] | None = None
+) -> Plan:
     """Normalize like GenerateReqInput, tokenize, validate, and expand n (1.2, 1.3).
 
-    `fields` come from check_generate_types; `tokenizer` is the event loop's own.
+    `fields` come from check_generate_types; `tokenizer` is the event loop's own; `lora_ids` maps
+    each adapter name in `lora_path` to the id its jobs run under (None: no adapter asked for).
     """
     text, input_ids, sampling = fields["text"], fields["input_ids"], fields["sampling_params"]
     if fields["refused"]:
@@ -172,6 +177,7 @@ def plan_generate(fields: dict[str, Any], tokenizer: Any, *, vocab_size: int, co
     prompts = input_ids if input_ids is not None else _tokenize(tokenizer, text)
     if len(prompts) != batch_size:
         raise ValueError("text and input_ids describe different batch sizes.")
+    adapters = _per_prompt_lora(fields["lora_path"], lora_ids, batch_size, is_single and n == 1)
     rids = _per_prompt_rids(fields["rid"], batch_size, is_single)
     sampling_list = _per_prompt(sampling if sampling is not None else {}, batch_size, n, "sampling_params")
     logprob = _per_prompt(fields["return_logprob"], batch_size, n, "return_logprob", False)
@@ -191,7 +197,7 @@ def plan_generate(fields: dict[str, Any], tokenizer: Any, *, vocab_size: int, co
             rid = uuid.uuid4().hex if n > 1 else rids[i]
             jobs.append(
                 Job(rid=rid, input_ids=prompt, params=params, sink=_no_sink, return_logprob=bool(logprob[i]),
-                    logprob_start_len=start, top_logprobs_num=tops[i], stream=fields["stream"])
+                    logprob_start_len=start, top_logprobs_num=tops[i], stream=fields["stream"], lora_id=adapters[i])
             )  # fmt: skip
             items.append(Item(bool(logprob[i]), tops[i], bool(fields["return_text_in_logprobs"]), fields["log_metrics"],
                                prompt if fields["return_prompt_token_ids"] else None))  # fmt: skip
@@ -234,6 +240,20 @@ def _per_prompt_rids(rid: Any, batch_size: int, is_single: bool) -> list[str]:
         duplicates = sorted({r for r in rid if rid.count(r) > 1})
         raise ValueError(f"Duplicate request IDs detected within the request: {duplicates}")
     return list(rid)
+
+
+def _per_prompt_lora(lora_path: Any, lora_ids: dict[str, str] | None, batch_size: int, single: bool) -> list[str | None]:
+    """Each prompt's adapter id (its n samples share it): a string names one adapter for every
+    prompt, a list one per prompt (None: the base model), as IO `_normalize_lora_paths`."""
+    if not lora_ids or not lora_path:
+        return [None] * batch_size
+    if isinstance(lora_path, str):
+        return [lora_ids[lora_path]] * batch_size
+    if single:  # SGLang passes the list on as one request's lora_id and fails in its scheduler
+        raise ValueError("lora_path of a single request is a string, not a list.")
+    if len(lora_path) != batch_size:  # SGLang: an IndexError (500) for a short list
+        raise ValueError(f"The length of lora_path ({len(lora_path)}) should be equal to the batch size ({batch_size}).")
+    return [None if name is None else lora_ids[name] for name in lora_path]
 
 
 def _per_prompt(value: Any, batch_size: int, n: int, name: str, default: Any = None) -> list[Any]:

@@ -3,7 +3,9 @@
 Owns: the scheduler thread and its loop, the inbox through which the HTTP layer submits work
 (jobs, aborts, control calls), the waiting queue and admission under the running-request and
 prefill-token budgets, aborts, the one running batch and its prefill and decode steps, the
-prefix cache (`_prefix_cache`: what a prompt may reuse, what is stored after a prefill), and
+prefix cache (`_prefix_cache`: what a prompt may reuse, what is stored after a prefill, both under
+the row's LoRA adapter), LoRA adapters (`_lora`: loaded and unloaded here, at most
+--max-loras-per-batch of them in the running batch, each row's set around every forward), and
 when the weights are reloaded (from disk, or from tensors a request carries), released and
 resumed, the way SGLang's memory saver does. It composes the parts that know less: `_model` (the
 forward pass, the LM head, the weights), `_tensors` (weights sent as tensors),
@@ -22,6 +24,7 @@ tokens, with padding between them where rows differ (masked like the left paddin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -37,6 +40,9 @@ from transformers import AutoTokenizer, DynamicCache
 from rlgen.cpu_server import _faults
 from rlgen.cpu_server._batch import Batch, Seq, kv, merge_batches, new_cache, prefix_layers, select_rows
 from rlgen.cpu_server._jobs import Job, SeqOutput
+from rlgen.cpu_server._lora import LoraLayers, LoraSpec
+from rlgen.cpu_server._lora_adapter import payload_tensors
+from rlgen.cpu_server._lora_flags import LoraRef
 from rlgen.cpu_server._model import (
     ParamShapes,
     eos_token_ids,
@@ -98,6 +104,7 @@ class Runner:
         max_prefill_tokens: int = 8192,
         random_seed: int | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        lora: LoraSpec | None = None,
     ) -> None:
         self.model_path = model_path
         # The scheduler thread has its own tokenizer: HF fast tokenizers are not safe to share
@@ -105,6 +112,7 @@ class Runner:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = load_model(model_path)
         self.model_type = type(self.model).__name__
+        self.lora = LoraLayers(self.model, lora) if lora is not None else None
         config: Any = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.context_length: int = context_length or int(getattr(config, "max_position_embeddings", 4096))
@@ -182,6 +190,25 @@ class Runner:
         if success and flush_cache:
             self.prefix_cache.clear()
         return success, message
+
+    def load_adapter(self, ref: LoraRef, entry: str | None = None, load_format: str | None = None,
+                     checksums: dict[str, str] | None = None, **source: Any) -> dict[str, Any]:
+        """Load a LoRA adapter from `ref.lora_path`, or from one rank's tensors (`entry`) and the
+        `config` in `source`; SGLang's LoRAUpdateOutput (scheduler thread; use `call`)."""
+        assert self.lora is not None, "LoRA is not enabled"
+        self.prefix_cache.drop_namespace(ref.lora_id)
+        if entry is not None:
+            try:
+                source["tensors"] = payload_tensors(entry, load_format, checksums)
+            except ValueError as e:  # SGLang's scheduler would raise (and die) here
+                return self.lora.failure(str(e))
+        return self.lora.load(ref, **source)
+
+    def unload_adapter(self, lora_id: str) -> dict[str, Any]:
+        """Unload a LoRA adapter and forget the prefixes cached under it (scheduler thread)."""
+        assert self.lora is not None, "LoRA is not enabled"
+        self.prefix_cache.drop_namespace(lora_id)
+        return self.lora.unload(lora_id)
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; refused (False) while requests run or wait, as in SGLang.
@@ -318,21 +345,33 @@ class Runner:
         return True
 
     def _admit(self) -> list[Job]:
-        """Take waiting jobs that fit the running and prefill-token budgets (at least one)."""
+        """Take waiting jobs that fit the running and prefill-token budgets (at least one).
+
+        A job whose LoRA adapter would take the running batch past --max-loras-per-batch stays in
+        the queue and the jobs behind it are still considered, as SGLang's scheduler skips it.
+        """
         running = len(self._batch.seqs) if self._batch else 0
+        adapters: set[str | None] = {s.job.lora_id for s in self._batch.seqs} if self._batch else set()
         jobs: list[Job] = []
+        skipped: list[Job] = []
         longest = 0
         while self._waiting and isinstance(self._waiting[0], Job):
             job = self._waiting[0]
             if running + len(jobs) >= self.max_running_requests:
                 break
+            if self.lora is not None and not self.lora.fits(adapters | {job.lora_id}):
+                skipped.append(job)
+                self._waiting.popleft()
+                continue
             longest_if_added = max(longest, len(job.input_ids))
             # Prefill cost is rows x longest prompt (left padding); one long prompt always fits.
             if jobs and longest_if_added * (len(jobs) + 1) > self.max_prefill_tokens:
                 break
             jobs.append(job)
+            adapters.add(job.lora_id)
             longest = longest_if_added
             self._waiting.popleft()
+        self._waiting.extendleft(reversed(skipped))
         return jobs
 
     # ---- prefill -------------------------------------------------------------------------------
@@ -383,7 +422,8 @@ class Runner:
         positions = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cached_lens)[:, None]
         cache = new_cache(prefix_layers(hits, prefix_width) if prefix_width else [])
         mask = torch.cat([prefix_mask, new_mask], dim=1)
-        hidden = forward(self.model, input_ids, mask, positions, cache)  # [B, S, H]
+        with self._adapters(seqs):
+            hidden = forward(self.model, input_ids, mask, positions, cache)  # [B, S, H]
 
         # Prompt logprobs only where asked, position by position (never the full [B, T, V]).
         for row, seq in enumerate(seqs):
@@ -417,7 +457,7 @@ class Runner:
         limit = len(job.input_ids) - 1
         if job.return_logprob:
             limit = min(limit, job.logprob_start_len)
-        return self.prefix_cache.match(job.input_ids, limit)
+        return self.prefix_cache.match(job.input_ids, limit, job.lora_id)
 
     def _cache_prompts(self, seqs: list[Seq], cache: DynamicCache, cached_lens: list[int], new_lens: list[int]) -> None:
         """Insert each prompt's keys and values (cached prefix + new part) into the prefix cache."""
@@ -428,7 +468,7 @@ class Runner:
         prefix_width = total - max(new_lens, default=0)
         for row, seq in enumerate(seqs):
             ids = seq.job.input_ids
-            if self.prefix_cache.contains(ids):
+            if self.prefix_cache.contains(ids, seq.job.lora_id):
                 continue
             m, s = cached_lens[row], new_lens[row]
             parts = [slice(prefix_width - m, prefix_width), slice(total - s, total)]
@@ -436,7 +476,7 @@ class Runner:
             self.prefix_cache.insert(ids, [
                 (torch.cat([k[row, :, p] for p in parts], dim=1), torch.cat([v[row, :, p] for p in parts], dim=1))
                 for k, v in layers
-            ])  # fmt: skip
+            ], seq.job.lora_id)  # fmt: skip
 
     # ---- decode --------------------------------------------------------------------------------
 
@@ -447,7 +487,8 @@ class Runner:
             time.sleep(self._step_delay)
         try:
             batch.mask = torch.cat([batch.mask, torch.ones((len(batch.seqs), 1), dtype=torch.long)], dim=1)
-            hidden = forward(self.model, batch.last_tokens[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
+            with self._adapters(batch.seqs):
+                hidden = forward(self.model, batch.last_tokens[:, None], batch.mask, batch.next_pos[:, None], batch.cache)
             batch.next_pos += 1
             logits = self._logits(hidden[:, -1, :])
             self._sample_and_append(batch, logits)
@@ -460,6 +501,10 @@ class Runner:
         self._drop_finished()
         self.last_progress = time.monotonic()
         self._log_decode(len(batch.seqs))
+
+    def _adapters(self, seqs: list[Seq]) -> contextlib.AbstractContextManager[None]:
+        """Each row's LoRA adapter for the forward passes inside the block."""
+        return self.lora.rows([s.job.lora_id for s in seqs]) if self.lora else contextlib.nullcontext()
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return lm_logits(self.model, hidden)
