@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,13 @@ def free_port() -> int:
 class Server:
     """A `python -m rlgen.cpu_server` process in its own session, with its output collected."""
 
-    def __init__(self, model_path: str, port: int, faults: str = "", extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, model_path: str, port: int, faults: str = "", extra_env: dict[str, str] | None = None,
+                 args: Sequence[str] = ()) -> None:  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO), "RLGEN_CPU_FAULT": faults, **(extra_env or {})}
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path, "--port", str(port)],
+            [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path, "--port", str(port), *args],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
         self.lines: list[str] = []
@@ -70,9 +71,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(model_path: str) -> Iterator[Server]:
-    """A server on a free port, ready (its ready line printed); killed on exit."""
-    srv = Server(model_path, free_port())
+def running_server(model_path: str, args: Sequence[str] = ()) -> Iterator[Server]:
+    """A server on a free port, ready (its ready line printed); killed on exit. `args`: more flags."""
+    srv = Server(model_path, free_port(), args=args)
     try:
         assert srv.wait_for(READY_LINE), srv.rest_of_output()
         yield srv
