@@ -84,7 +84,6 @@ REFUSED_VALUES: list[tuple[str, Any]] = [
     ("return_routed_experts", True),
     ("return_indexer_topk", True),
     ("session_params", {"id": "s1"}),
-    ("lora_path", "my-adapter"),
     ("lora_id", "my-adapter-id"),
     ("custom_logit_processor", '{"callable": "x"}'),
     ("positional_embed_overrides", {"positions": [0]}),
@@ -174,7 +173,7 @@ def test_a_batch_with_per_prompt_lists_of_defaults_is_answered_like_one_without_
     prompts = [PROMPT, "Once upon a time"]
     plain = _generate(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["p0", "p1"]})
     per_prompt = {
-        "return_hidden_states": [False, False], "lora_path": [None, None], "custom_logit_processor": [None, None],
+        "return_hidden_states": [False, False], "custom_logit_processor": [None, None],
         "bootstrap_room": [None, None], "token_ids_logprob": [], "image_data": [], "extra_key": ["a", "b"],
     }  # fmt: skip
     listed = _generate(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["q0", "q1"], **per_prompt})
