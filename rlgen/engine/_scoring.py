@@ -47,7 +47,9 @@ class ScoringMixin(AdapterChoiceMixin):
 
         `adapter`: the LoRA adapter to score under, or one per prompt/row (None = the base model).
         Default: a `Rollouts`' rows under the adapter each was sampled with (its `adapter` column),
-        prompts under the base model; `adapter=None` re-scores any rows under the base model.
+        prompts under the base model; `adapter=None` re-scores any rows under the base model. A
+        name means the adapter loaded under it now: rows sampled with an earlier load of "policy"
+        are scored under the latest (their `res.record["adapters"]` says which load made them).
 
         `eng.score(prompts, completions)`: one completion (text or token ids) per prompt.
         `eng.score(res)`: the exact sampled ids of every row of a `Rollouts` (its prompt ids and
