@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: issue 26's proofs and the size table, in two calls (see ../shared/gpu/README.md).
 #   bash scripts/gpu/issue26.sh small      # 135M: LoRA checks and the size row (~6 min on a fresh machine)
-#   bash scripts/gpu/issue26.sh notebooks  # notebooks 04 (tensor path) and 07 (LoRA RL step) on SGLang
+#   bash scripts/gpu/issue26.sh notebooks [names]  # notebooks 07 (LoRA RL step) and 04 (tensor path) on SGLang
+#   bash scripts/gpu/issue26.sh default7b  # a 7B model with rlgen's default memory share beside its trainer
 #   bash scripts/gpu/issue26.sh large [shape]  # random-weight Llama 1.7B and 7B (or one): their size rows
 # Each part writes straight to $OUT, so a call cut by its time limit keeps what it had.
 source "$(dirname "$0")/common.sh"
@@ -13,8 +14,15 @@ if [ "$part" = small ]; then
   echo "lora_check: exit $?"; grep -E "PASS|FAIL|checks passed" "$OUT/lora_check.txt" | cut -c1-220
   timeout 150 python3 bench/sizes.py --out "$OUT/sizes-0.135b.json" --model "$RLGEN_TEST_MODEL" > "$OUT/sizes-0.135b.txt" 2>&1
   echo "sizes 0.135b: exit $?"; tail -22 "$OUT/sizes-0.135b.txt"
+elif [ "$part" = default7b ]; then
+  mkdir -p /tmp/ckpt
+  [ -d /tmp/ckpt/llama-7b ] || python3 bench/make_checkpoint.py --shape llama-7b --out /tmp/ckpt/llama-7b --device cuda \
+    > "$OUT/make-llama-7b.txt" 2>&1
+  timeout 280 python3 scripts/gpu/default_7b.py --model /tmp/ckpt/llama-7b --out "$OUT/default_7b.json" \
+    > "$OUT/default_7b.txt" 2>&1
+  echo "default_7b: exit $?"; tail -3 "$OUT/default_7b.txt" | cut -c1-600
 elif [ "$part" = notebooks ]; then
-  for nb in 04_one_rl_step 07_lora_rl_step; do
+  for nb in ${2:-07_lora_rl_step 04_one_rl_step}; do
     [ -f "notebooks/$nb.ipynb" ] || continue
     t0=$SECONDS
     timeout 240 python3 -m pytest -p no:cacheprovider -q "notebooks/$nb.ipynb" --nbmake --nbmake-timeout=230 \
