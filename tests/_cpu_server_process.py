@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["READY_LINE", "Server", "free_port", "post", "running_server"]
+__all__ = ["READY_LINE", "Server", "free_port", "generated", "post", "running_server"]
 
 REPO = Path(__file__).resolve().parents[1]
 READY_LINE = "The server is fired up and ready to roll!"
@@ -91,3 +91,10 @@ def post(url: str, body: Any, timeout: float = 60) -> tuple[int, Any]:
     except urllib.error.HTTPError as e:
         raw, status = e.read(), e.code
     return status, json.loads(raw) if raw else None
+
+
+def generated(server: Server, body: dict[str, Any]) -> Any:
+    """The server's answer to a /generate with `body`, which must succeed (HTTP 200)."""
+    status, answer = post(server.url + "/generate", body)
+    assert status == 200, (status, answer)
+    return answer

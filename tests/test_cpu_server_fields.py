@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _cpu_server_process import Server, post, running_server
+from _cpu_server_process import Server, generated, post, running_server
 
 pytest.importorskip("torch")
 
@@ -142,12 +142,6 @@ def server(model_path: str) -> Iterator[Server]:
         yield srv
 
 
-def _generate(server: Server, body: dict[str, Any]) -> Any:
-    status, answer = post(server.url + "/generate", body)
-    assert status == 200, (status, answer)
-    return answer
-
-
 def _same_answer(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
     assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
@@ -156,27 +150,27 @@ def _same_answer(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_request_with_every_generate_field_at_its_default_is_answered_like_one_without_them(server: Server) -> None:
-    plain = _generate(server, {"text": PROMPT, "sampling_params": GREEDY})
-    full = _generate(server, {**SGLANG_GENERATE_DEFAULTS, "text": PROMPT, "sampling_params": GREEDY})
+    plain = generated(server, {"text": PROMPT, "sampling_params": GREEDY})
+    full = generated(server, {**SGLANG_GENERATE_DEFAULTS, "text": PROMPT, "sampling_params": GREEDY})
     _same_answer(full, plain)
 
 
 @pytest.mark.timeout(120)
 def test_every_sampling_param_at_its_default_changes_nothing(server: Server) -> None:
-    plain = _generate(server, {"text": PROMPT, "sampling_params": GREEDY})
+    plain = generated(server, {"text": PROMPT, "sampling_params": GREEDY})
     defaults = {**SGLANG_SAMPLING_DEFAULTS, "json_schema": "", "logit_bias": {}, **GREEDY}  # SGLang's unset aliases too
-    _same_answer(_generate(server, {"text": PROMPT, "sampling_params": defaults}), plain)
+    _same_answer(generated(server, {"text": PROMPT, "sampling_params": defaults}), plain)
 
 
 @pytest.mark.timeout(120)
 def test_a_batch_with_per_prompt_lists_of_defaults_is_answered_like_one_without_them(server: Server) -> None:
     prompts = [PROMPT, "Once upon a time"]
-    plain = _generate(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["p0", "p1"]})
+    plain = generated(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["p0", "p1"]})
     per_prompt = {
         "return_hidden_states": [False, False], "custom_logit_processor": [None, None],
         "bootstrap_room": [None, None], "token_ids_logprob": [], "image_data": [], "extra_key": ["a", "b"],
     }  # fmt: skip
-    listed = _generate(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["q0", "q1"], **per_prompt})
+    listed = generated(server, {"text": prompts, "sampling_params": GREEDY, "rid": ["q0", "q1"], **per_prompt})
     assert len(listed) == 2
     for a, b in zip(listed, plain):
         _same_answer(a, b)
@@ -184,8 +178,8 @@ def test_a_batch_with_per_prompt_lists_of_defaults_is_answered_like_one_without_
 
 @pytest.mark.timeout(120)
 def test_the_body_sglang_router_forwards_is_answered_like_a_direct_request(server: Server) -> None:
-    plain = _generate(server, {"text": PROMPT, "sampling_params": GREEDY})
-    routed = _generate(server, {"text": PROMPT, "sampling_params": GREEDY, "rid": "via-router", **ROUTER_ADDED_FIELDS})
+    plain = generated(server, {"text": PROMPT, "sampling_params": GREEDY})
+    routed = generated(server, {"text": PROMPT, "sampling_params": GREEDY, "rid": "via-router", **ROUTER_ADDED_FIELDS})
     _same_answer(routed, plain)
     assert routed["meta_info"]["id"] == "via-router"
     streamed = _stream(server, {"text": PROMPT, "sampling_params": GREEDY, **ROUTER_ADDED_FIELDS, "stream": True})
@@ -225,7 +219,7 @@ def test_an_ignored_field_of_the_wrong_type_gets_sglangs_type_error(server: Serv
 
 @pytest.mark.timeout(60)
 def test_routed_dp_rank_0_is_accepted_and_any_other_rank_is_out_of_range_as_in_sglang(server: Server) -> None:
-    _generate(server, {"text": PROMPT, "sampling_params": GREEDY, "routed_dp_rank": 0})
+    generated(server, {"text": PROMPT, "sampling_params": GREEDY, "routed_dp_rank": 0})
     status, answer = post(server.url + "/generate", {"text": PROMPT, "sampling_params": GREEDY, "routed_dp_rank": 1})
     assert (status, answer) == (400, {"error": {"message": "routed_dp_rank=1 out of range [0, 1)"}})
 
@@ -233,14 +227,14 @@ def test_routed_dp_rank_0_is_accepted_and_any_other_rank_is_out_of_range_as_in_s
 @pytest.mark.timeout(60)
 def test_return_prompt_token_ids_adds_the_prompts_token_ids(server: Server) -> None:
     ids = [1, 2, 3, 4]
-    answer = _generate(server, {"input_ids": ids, "sampling_params": GREEDY, "return_prompt_token_ids": True})
+    answer = generated(server, {"input_ids": ids, "sampling_params": GREEDY, "return_prompt_token_ids": True})
     assert answer["prompt_token_ids"] == ids
-    assert "prompt_token_ids" not in _generate(server, {"input_ids": ids, "sampling_params": GREEDY})
+    assert "prompt_token_ids" not in generated(server, {"input_ids": ids, "sampling_params": GREEDY})
     chunks = _stream(server, {"input_ids": ids, "sampling_params": GREEDY, "return_prompt_token_ids": True, "stream": True})
     assert all(chunk["prompt_token_ids"] == ids for chunk in chunks)
 
 
 @pytest.mark.timeout(60)
 def test_a_batch_of_one_keeps_its_string_rid_as_sglang_0_5_17_does(server: Server) -> None:
-    (answer,) = _generate(server, {"text": [PROMPT], "sampling_params": GREEDY, "rid": "solo"})
+    (answer,) = generated(server, {"text": [PROMPT], "sampling_params": GREEDY, "rid": "solo"})
     assert answer["meta_info"]["id"] == "solo"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _cpu_server_process import Server, free_port, post, running_server
+from _cpu_server_process import Server, free_port, generated, post, running_server
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
@@ -99,19 +99,13 @@ def plain_server(model_path: str) -> Iterator[Server]:
         yield srv
 
 
-def _answer(server: Server, body: dict[str, Any]) -> Any:
-    status, answer = post(server.url + "/generate", body)
-    assert status == 200, (status, answer)
-    return answer
-
-
 def _prompt_logprobs(server: Server, ids: list[int] | list[list[int]], lora: Any = None) -> Any:
     """The server's log p(ids[i] | ids[:i]) for i >= 1 (a list per prompt for a batch)."""
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True, "logprob_start_len": 0}  # fmt: skip
     if lora is not None:
         body["lora_path"] = lora
-    answer = _answer(server, body)
+    answer = generated(server, body)
     rows = answer if isinstance(answer, list) else [answer]
     values = [[lp for lp, _, _ in row["meta_info"]["input_token_logprobs"][1:]] for row in rows]
     return values if isinstance(answer, list) else values[0]
@@ -156,7 +150,7 @@ def test_each_row_of_a_mixed_batch_gets_its_own_adapter_as_if_sent_alone(server:
         assert _close(batched[row], _prompt_logprobs(server, ids[row], lora), 1e-4), (row, lora)
     # n copies of a prompt share its adapter (a string, or a list with one name per prompt).
     for lora_path in ("B", ["B"]):
-        copies = _answer(server, {"input_ids": ids[1], "lora_path": lora_path, "return_logprob": True, "logprob_start_len": 0,
+        copies = generated(server, {"input_ids": ids[1], "lora_path": lora_path, "return_logprob": True, "logprob_start_len": 0,
                                   "sampling_params": {"n": 2, "max_new_tokens": 1, "temperature": 0.0}})  # fmt: skip
         for copy in copies:
             assert _close([lp for lp, _, _ in copy["meta_info"]["input_token_logprobs"][1:]], adapters["B"][1])
@@ -167,7 +161,7 @@ def test_a_row_whose_adapter_would_pass_max_loras_per_batch_waits_for_the_next_p
     time.sleep(0.3)  # a prefill logs its line after its rows' answers: let the last test's come in
     seen = len(server.lines)
     body = {"input_ids": adapters["ids"][:3], "lora_path": ["A", "B", None], "sampling_params": {"max_new_tokens": 2}}
-    assert len(_answer(server, body)) == 3
+    assert len(generated(server, body)) == 3
     time.sleep(0.2)  # the log line of the last prefill comes after its answer
     prefills = [line.split("#new-seq: ")[1].split(",")[0] for line in server.lines[seen:] if "Prefill batch" in line]
     assert prefills == ["2", "1"], server.lines[seen:]  # {A, B} run, the base row waits (2 adapters per batch)
@@ -204,10 +198,10 @@ def test_the_prefix_cache_never_serves_one_adapters_keys_and_values_to_another(s
                                 "return_logprob": True, "logprob_start_len": start}  # fmt: skip
         if lora:
             body["lora_path"] = lora
-        meta = _answer(server, body)["meta_info"]
+        meta = generated(server, body)["meta_info"]
         return [lp for lp, _, _ in meta["input_token_logprobs"][1:]], meta["cached_tokens"]
 
-    _answer(server, {"input_ids": prefix, "sampling_params": {"max_new_tokens": 1}})  # the prefix cached by the base
+    generated(server, {"input_ids": prefix, "sampling_params": {"max_new_tokens": 1}})  # the prefix cached by the base
     first, cached = tail("A")
     adapter_alone = _prompt_logprobs(server, ids, "A")[start:]  # logprob_start_len=0: no cached prefix is used
     assert cached == 0 and _close(first, adapter_alone), (cached, first, adapter_alone)

@@ -164,6 +164,6 @@ def test_the_lab_extra_installs_what_the_tutorials_need_and_no_dev_tools() -> No
     root = PACKAGE.parent
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     lab = " ".join(extras["lab"])
-    assert "jupyterlab" in lab and "ipykernel" in lab and "rlgen[rewards,plots]" in lab
+    assert "jupyterlab" in lab and "ipykernel" in lab and "rlgen[rewards,plots,lora]" in lab  # tutorial 07 trains with peft
     assert not [tool for tool in ("pytest", "ruff", "mypy", "sglang-router", "nbmake") if tool in lab]
     assert "source scripts/venv.sh lab" in (root / "scripts" / "lab.sh").read_text()

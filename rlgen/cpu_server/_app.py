@@ -32,7 +32,7 @@ import orjson
 from aiohttp import web
 
 from rlgen.cpu_server._faults import MidRequestDeath
-from rlgen.cpu_server._jobs import Job, SamplingParams, SeqOutput
+from rlgen.cpu_server._jobs import Job, SamplingParams, SeqOutput, on_scheduler
 from rlgen.cpu_server._lora_api import LoraApi
 from rlgen.cpu_server._request import (
     Item,
@@ -385,17 +385,7 @@ class Routes:
 
     async def _on_scheduler(self, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
         """Run `fn` on the scheduler thread (see Runner.call) and return its result or raise its error."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Any] = loop.create_future()
-
-        def finish(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                loop.call_soon_threadsafe(done.set_exception, error)
-            else:
-                loop.call_soon_threadsafe(done.set_result, result)
-
-        self.state.runner.call(fn, finish, barrier=barrier)
-        return await done
+        return await on_scheduler(self.state.runner, fn, barrier=barrier)
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:

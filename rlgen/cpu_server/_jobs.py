@@ -1,20 +1,43 @@
 """The work that passes between the CPU backend's HTTP layer and its scheduler, as plain data.
 
 Owns: `SamplingParams` (one sequence's validated sampling parameters), `Job` (one sequence to
-generate, with the `sink` its results go to) and `SeqOutput` (a cumulative snapshot of one
-sequence, the only thing that comes back). Knows nothing about HTTP, JSON, tensors, the model or
+generate, with the `sink` its results go to), `SeqOutput` (a cumulative snapshot of one
+sequence, the only thing that comes back), and `on_scheduler` (how the HTTP layer awaits a call
+that runs on the scheduler thread). Knows nothing about HTTP, JSON, tensors, the model or
 the scheduler: the HTTP layer builds jobs from requests (`_request`), the runner turns them into
 outputs (`_runner`, `_outputs`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Job", "SamplingParams", "SeqOutput"]
+__all__ = ["Job", "SamplingParams", "SeqOutput", "on_scheduler"]
+
+
+class _Scheduler(Protocol):
+    def call(self, fn: Callable[[], Any], finish: Callable[[Any, BaseException | None], None], *,
+             barrier: bool = True) -> None: ...
+
+
+async def on_scheduler(runner: _Scheduler, fn: Callable[[], Any], *, barrier: bool = True) -> Any:
+    """Run `fn` on the scheduler thread (`Runner.call`: with `barrier`, once the running requests have
+    finished; else between two steps) and return its result or raise its error, on this event loop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def finish(result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            loop.call_soon_threadsafe(done.set_exception, error)
+        else:
+            loop.call_soon_threadsafe(done.set_result, result)
+
+    runner.call(fn, finish, barrier=barrier)
+    return await done
 
 # SGLang rewrites temperatures below this to greedy (sampling_params.py, _SAMPLING_EPS).
 _GREEDY_EPS = 1e-6

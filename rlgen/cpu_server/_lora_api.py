@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rlgen.cpu_server._jobs import on_scheduler
 from rlgen.cpu_server._lora_adapter import TENSOR_PATH, update_output
 from rlgen.cpu_server._lora_flags import LoraRef
 from rlgen.cpu_server._request import RequestValidationError, parse_body, typed
@@ -201,18 +202,7 @@ class LoraApi:
 
     async def _on_scheduler(self, fn: Callable[[], Any]) -> Any:
         """`fn()` on the scheduler thread, between two steps of the running batch."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Any] = loop.create_future()
-
-        def finish(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                loop.call_soon_threadsafe(done.set_exception, error)
-            else:
-                loop.call_soon_threadsafe(done.set_result, result)
-
-        self.runner.call(fn, finish, barrier=False)
-        return await done
-
+        return await on_scheduler(self.runner, fn, barrier=False)
 
 def _name(body: Any) -> str:
     return str(typed(body, "lora_name", (str,), "a valid string", required=True))
