@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["WeightsMixin", "collect_ipc", "uuid_key"]
 
 _MIB = 1 << 20
+# Default bucket sizes. By CUDA IPC a bucket is handles, not bytes: 512 MiB bounds only a flattened
+# copy. By value (the CPU backend) every byte is pickled, encoded, sent and parsed, and smaller
+# requests cost less CPU in all (docs/decisions.md, "update_weights' buckets by value").
+_IPC_BUCKET_MB, _VALUE_BUCKET_MB = 512, 64
 _DISK_HINT = ("save the weights where the server can read them and load them from there: "
               "model.save_pretrained(path); eng.update_weights_from_disk(path)")
 
@@ -40,7 +44,7 @@ class WeightsMixin(ControlMixin):
     """`update_weights` of `Engine` (mixed into it)."""
 
     def update_weights(self, weights: torch.nn.Module | Mapping[str, Any] | Iterable[tuple[str, Any]], *,
-                       weight_version: str | None = None, bucket_mb: float = 512, flatten: bool = False,
+                       weight_version: str | None = None, bucket_mb: float | None = None, flatten: bool = False,
                        retries: int = 3, backoff_s: float = 1.0, progress: bool | None = None) -> str:
         """Load the trainer's weights into the server from memory; returns the new weight version.
 
@@ -56,7 +60,8 @@ class WeightsMixin(ControlMixin):
         `update_weights_from_disk`. The CPU backend gets them by value. Don't change them until
         the call returns.
 
-        `bucket_mb`: tensors per request, by size: what a request costs in extra memory (by value:
+        `bucket_mb`: tensors per request, by size (None: 512 MiB by CUDA IPC, 64 MiB by value): what
+        a request costs in extra memory (by value:
         CPU copies and their encoding; `flatten=True`: one flat copy of the bucket on the GPU,
         SGLang's "flattened_bucket" format, one IPC handle per bucket instead of one per tensor).
         The prefix cache is flushed, and `weight_version` (default "tensors@<n>") set, with the
@@ -84,6 +89,8 @@ class WeightsMixin(ControlMixin):
                 self._reload_disk_weights("update_weights() reloading the weights it does not replace")
         # A released KV cache was flushed with it: flushing again would touch released memory.
         flush = "kv_cache" not in self._released
+        if bucket_mb is None:
+            bucket_mb = _IPC_BUCKET_MB if transport is Transport.IPC else _VALUE_BUCKET_MB
         groups = buckets(checked.tensors, max(1, int(bucket_mb * _MIB)))
         total_mib = sum(tensor_nbytes(t) for _, t in checked.tensors) / _MIB
         from ..core._progress import ProgressLine
@@ -193,9 +200,10 @@ class WeightsMixin(ControlMixin):
         self._weights = WeightsHash(None)
 
 
-def _check_options(*, bucket_mb: float, flatten: bool, retries: int, backoff_s: float) -> None:
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be a number of MiB > 0, got {bucket_mb!r}")
+def _check_options(*, bucket_mb: float | None, flatten: bool, retries: int, backoff_s: float) -> None:
+    if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
+                                  or not bucket_mb > 0):
+        raise ValueError(f"bucket_mb must be a number of MiB > 0 or None (by transport), got {bucket_mb!r}")
     if not isinstance(flatten, bool):
         raise TypeError(f"flatten must be True or False, got {flatten!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
