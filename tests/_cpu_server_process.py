@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,7 +25,36 @@ REPO = Path(__file__).resolve().parents[1]
 READY_LINE = "The server is fired up and ready to roll!"
 
 
+# Test servers' ports are drawn from here, below the kernel's ephemeral range (Linux: 32768-60999).
+_PORTS_FROM = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 49152, 65535  # IANA's range, macOS's default
+
+
 def free_port() -> int:
+    """A loopback port that nothing holds right now, for a server the test starts on it.
+
+    Not a port from bind(("127.0.0.1", 0)): the kernel gives those from its ephemeral range, which
+    every process on the machine draws from between picking a port and binding it (the other xdist
+    worker's servers, Jupyter kernels, other jobs' tests; outgoing connections too, when the range
+    runs short), and a full run saw a router exit with "Address already in use" on a port picked
+    that way. Below the range only a process that binds that very port takes it."""
+    lo, _ = _ephemeral_range()
+    rng = random.SystemRandom()  # not seeded alike in two workers started at the same instant
+    for _ in range(100 if lo > _PORTS_FROM + 1000 else 0):
+        port = rng.randrange(_PORTS_FROM, lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

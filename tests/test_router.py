@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ import psutil
 import pytest
 import torch
 from _checkpoints import perturbed_norms
+from _cpu_server_process import free_port  # ports below the ephemeral range: see its docstring
 from _processes import MARKER_VAR, REPO_ROOT, wait_for_no_marked_processes
 
 import rlgen
@@ -49,12 +49,6 @@ pytestmark = [
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "List three fruits.", "What is 7*6?"]
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, timeout: float = 5) -> Any:
