@@ -249,8 +249,11 @@ def test_a_function_that_hangs_on_every_row_is_called_no_more_after_3_timeouts_i
     # and the calls the 2 workers had already started ran; every other row was never called.
     assert time.monotonic() - started < 16  # 16 rows x 1 s / 2 workers would be 8 s plus start-up
     status = res.df["reward_hangs_status"]
-    assert 3 <= (status == "timeout").sum() <= 5 and (status == "skipped").sum() == 16 - (status == "timeout").sum()
-    assert res.df.loc[status == "skipped", "reward_hangs_error"].eq("Skipped: stopped after 3 timeouts in a row").all()
+    timeouts = (status == "timeout").sum()
+    assert 3 <= timeouts <= 5 and (status == "skipped").sum() == 16 - timeouts
+    # The rows name the streak that stopped it: 3, or 4 where both workers' calls were found late in
+    # one pass (a loaded machine with two test workers saw "after 4" in thread mode).
+    assert res.df.loc[status == "skipped", "reward_hangs_error"].eq(f"Skipped: stopped after {timeouts} timeouts in a row").all()
     assert (res.df["reward_exact_status"] == "ok").all() and res.df["reward"].notna().all()
     assert "hangs stopped after 3 timeouts in a row" in shown[-1] and " skipped" in shown[-1]
     flags = "\n".join(res.reward_summary().flags)
