@@ -1,4 +1,12 @@
-"""Shared fixtures: the test model, GPU detection, and a guard against leftover server processes."""
+"""Shared fixtures: the test model, GPU detection, and a guard against leftover server processes.
+
+`scripts/test.sh` runs the suite on two pytest-xdist workers (`--dist loadfile`: a module, and its
+module-scoped servers, stays on one worker). What two workers share is made safe here and in the
+helpers: `isolated` finds a test's processes by a marker of its own (never by name, so the other
+worker's live servers are never seen) and gives the test a private cache dir (registry, kept
+servers, completions); the test helpers pick ports below the kernel's ephemeral range
+(`_cpu_server_process.free_port`).
+"""
 
 from __future__ import annotations
 
@@ -26,9 +34,24 @@ def _has_gpu_sglang() -> bool:
 
 
 HAS_GPU_SGLANG = _has_gpu_sglang()
+# The cache dir the session started with: `model_path` resolves the default model there even when
+# the first test to ask for it is an `isolated` one (whose private cache would convert it again).
+_SESSION_CACHE_DIR = os.environ.get("RLGEN_CACHE_DIR")
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Under xdist, the files that take longest go out first, so that the last ones handed to a
+    worker are short and the two workers finish together: the notebooks (50-160 s each under
+    nbmake), then the modules with `slow` tests, then the rest, each group in collection order.
+    A stable sort on a key per file: a file's tests stay together and in order (`--dist loadfile`
+    with `--no-loadscope-reorder` keeps this order; xdist's default reorders by test count)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: 0 if item.path.suffix == ".ipynb" else 1 if item.path in slow_files else 2)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects, and sorts, the same list
+        _longest_first(items)
     if HAS_GPU_SGLANG:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU and sglang (pip install 'rlgen[sglang]')")
@@ -45,7 +68,12 @@ def model_path() -> str:
         return path
     from rlgen.server._models import default_model_path
 
-    return str(default_model_path())
+    with pytest.MonkeyPatch.context() as mp:  # the session's cache dir, not an `isolated` test's
+        if _SESSION_CACHE_DIR is None:
+            mp.delenv("RLGEN_CACHE_DIR", raising=False)
+        else:
+            mp.setenv("RLGEN_CACHE_DIR", _SESSION_CACHE_DIR)
+        return str(default_model_path())
 
 
 @pytest.fixture(scope="session")
