@@ -4,7 +4,8 @@
 module-scoped servers, stays on one worker). What two workers share is made safe here and in the
 helpers: `isolated` finds a test's processes by a marker of its own (never by name, so the other
 worker's live servers are never seen) and gives the test a private cache dir (registry, kept
-servers, completions); the test helpers pick ports below the kernel's ephemeral range
+servers, completions); test_engine's guard gets a session marker per worker (RLGEN_TEST_SESSION,
+below); the test helpers pick ports below the kernel's ephemeral range
 (`_cpu_server_process.free_port`).
 """
 
@@ -37,6 +38,11 @@ HAS_GPU_SGLANG = _has_gpu_sglang()
 # The cache dir the session started with: `model_path` resolves the default model there even when
 # the first test to ask for it is an `isolated` one (whose private cache would convert it again).
 _SESSION_CACHE_DIR = os.environ.get("RLGEN_CACHE_DIR")
+# tests/test_engine.py's guard finds the servers of its process by RLGEN_TEST_SESSION, which servers
+# inherit (it keeps a value set before it). An xdist worker gets one of its own even where the run
+# inherited one: with a shared value, a worker would count the other's new servers as its leftovers.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RLGEN_TEST_SESSION"] = f"{uuid.uuid4().hex}-{os.environ['PYTEST_XDIST_WORKER']}"
 
 
 def _longest_first(items: list[pytest.Item]) -> None:
