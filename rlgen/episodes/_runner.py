@@ -32,7 +32,7 @@ from ..core._errors import RequestError
 from ._coalesce import TurnBatcher
 from ._env import EnvReply, EpisodeEnv, as_environment
 from ._result import EpisodeRecord
-from ._template import closing_ids, eos_id, first_prompt_ids, message_delta_ids
+from ._template import DeltaRenderer, closing_ids, eos_id, first_prompt_ids
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "episode_data", "run_episodes"]
 
@@ -110,6 +110,13 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     limiter = asyncio.Semaphore(max_in_flight)
     batcher = TurnBatcher(client, max_batch=max_in_flight) if batch_turns else None
     in_flight: dict[str, None] = {}
+    renderer: list[DeltaRenderer] = []  # made at the first delta (a template that refuses: that episode's status)
+
+    def delta_ids(messages: list[dict[str, Any]]) -> list[int]:
+        if not renderer:
+            renderer.append(DeltaRenderer(tokenizer, tools=environment.tools))
+        return renderer[0](messages)
+
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
 
@@ -228,7 +235,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                 assistant["rlgen_s"] += time.perf_counter() - t
                 return None
             try:
-                delta = message_delta_ids(tokenizer, reply.messages, tools=tools)
+                delta = delta_ids(reply.messages)
             except Exception as e:  # TemplateError, or a template that refuses the messages
                 record.status, record.error = "template_error", f"{type(e).__name__}: {e}"
                 assistant["rlgen_s"] += time.perf_counter() - t

@@ -7,7 +7,8 @@ EOS: the new environment/tool/user messages and the next generation prompt, cut 
 fixed base conversation *token-wise*, just after the base's last EOS, so that the template's tokens
 after EOS (ChatML's `\\n`, which the model never samples) are kept; `closing_ids` gives the EOS to
 append (mask 0) when a turn stopped on a stop string or on length. The check that the base render is
-a token prefix of the longer render, and `TemplateError` when it is not.
+a token prefix of the longer render, and `TemplateError` when it is not. `DeltaRenderer` renders the
+base once for many deltas (an episodes call asks for one per environment step).
 
 Knows nothing about servers, HTTP, requests, sampling, rewards or the result object: it takes a
 Hugging Face tokenizer with a chat template and messages, and returns lists of ids.
@@ -26,6 +27,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core._errors import RlgenError
+
+__all__ = ["BASE_MESSAGES", "DeltaRenderer", "TemplateError", "closing_ids", "eos_id", "first_prompt_ids",
+           "message_delta_ids", "render_ids", "template_name"]
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -120,23 +124,39 @@ def message_delta_ids(tokenizer: Any, new_messages: Messages, *,
     """
     if not new_messages:
         raise ValueError("message_delta_ids needs at least one new message")
-    eos = eos_id(tokenizer)
-    base = render_ids(tokenizer, BASE_MESSAGES, add_generation_prompt=False, tools=tools)
-    cut = _last_index(base, eos) + 1
-    if cut == 0:
-        raise TemplateError(
-            f"chat template of {template_name(tokenizer)} does not end an assistant message with the "
-            f"EOS token (id {eos}): there is no EOS in the render of {list(BASE_MESSAGES)}, so no "
-            "token-wise delta can be cut after it")
-    full = render_ids(tokenizer, [*BASE_MESSAGES, *new_messages], add_generation_prompt=True, tools=tools)
-    if full[:cut] != base[:cut]:
-        at = next(i for i, (a, b) in enumerate(zip(base[:cut], full)) if a != b) if len(full) >= cut else len(full)
-        raise TemplateError(
-            f"chat template of {template_name(tokenizer)} is not append-only: the base conversation "
-            f"renders differently once messages follow it (first differing token at {at} of {cut}: "
-            f"{tokenizer.decode(base[at:cut])!r} alone vs {tokenizer.decode(full[at:cut])!r} followed). "
-            "Token-faithful deltas need the base's render, up to its last EOS, to be a token prefix")
-    return full[cut:]
+    return DeltaRenderer(tokenizer, tools=tools)(new_messages)
+
+
+class DeltaRenderer:
+    """`message_delta_ids` for many deltas of one tokenizer and one tool list: the base
+    conversation is rendered (and its cut found) once, so each delta costs one render, not two.
+    Knows nothing more than `message_delta_ids`; raises what it raises, the base's own
+    `TemplateError` already at construction."""
+
+    def __init__(self, tokenizer: Any, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+        self.tokenizer, self.tools = tokenizer, tools
+        self.eos = eos_id(tokenizer)
+        self.base = render_ids(tokenizer, BASE_MESSAGES, add_generation_prompt=False, tools=tools)
+        self.cut = _last_index(self.base, self.eos) + 1
+        if self.cut == 0:
+            raise TemplateError(
+                f"chat template of {template_name(tokenizer)} does not end an assistant message with the "
+                f"EOS token (id {self.eos}): there is no EOS in the render of {list(BASE_MESSAGES)}, so no "
+                "token-wise delta can be cut after it")
+
+    def __call__(self, new_messages: Messages) -> list[int]:
+        if not new_messages:
+            raise ValueError("message_delta_ids needs at least one new message")
+        base, cut, tokenizer = self.base, self.cut, self.tokenizer
+        full = render_ids(tokenizer, [*BASE_MESSAGES, *new_messages], add_generation_prompt=True, tools=self.tools)
+        if full[:cut] != base[:cut]:
+            at = next(i for i, (a, b) in enumerate(zip(base[:cut], full)) if a != b) if len(full) >= cut else len(full)
+            raise TemplateError(
+                f"chat template of {template_name(tokenizer)} is not append-only: the base conversation "
+                f"renders differently once messages follow it (first differing token at {at} of {cut}: "
+                f"{tokenizer.decode(base[at:cut])!r} alone vs {tokenizer.decode(full[at:cut])!r} followed). "
+                "Token-faithful deltas need the base's render, up to its last EOS, to be a token prefix")
+        return full[cut:]
 
 
 def closing_ids(tokenizer: Any, last_turn_ids: Sequence[int]) -> list[int]:

@@ -173,3 +173,25 @@ def test_an_empty_delta_is_refused(tok: Any) -> None:
 def test_render_ids_is_a_plain_list(tok: Any) -> None:
     ids = render_ids(tok, [msg(U, "hi")], add_generation_prompt=False)
     assert isinstance(ids, list) and all(type(i) is int for i in ids)
+
+
+def test_a_delta_renderer_renders_the_base_once_and_gives_the_same_deltas(tok: Any, monkeypatch: pytest.MonkeyPatch
+                                                                          ) -> None:
+    from rlgen.episodes._template import DeltaRenderer
+
+    news = [[msg(U, "Are you sure?")], [msg("tool", '{"result": 391}')], [msg("tool", "higher"), msg(U, "Again.")]]
+    expected = [message_delta_ids(tok, m, tools=TOOLS) for m in news]
+    renders: list[int] = []
+    original = type(tok).apply_chat_template
+
+    def counted(self: Any, conversation: Any, *args: Any, **kwargs: Any) -> Any:
+        renders.append(len(conversation))
+        return original(self, conversation, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "apply_chat_template", counted)
+    deltas = DeltaRenderer(tok, tools=TOOLS)
+    assert [deltas(m) for m in news] == expected
+    # one render of the base conversation, then one per delta (message_delta_ids renders two per delta)
+    assert len(renders) == 1 + len(news)
+    with pytest.raises(ValueError, match="at least one new message"):
+        deltas([])
