@@ -112,6 +112,8 @@ class RequestLog:
         self.entries: list[tuple[float, float, int, int, int, float | None]] = []
         self.in_flight = 0
         self.peak = 0
+        # One dict per batched request (`batch_stamps`): where a batched turn's time went.
+        self.batches: list[dict[str, Any]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -120,12 +122,14 @@ class RequestLog:
         ids = payload.get("input_ids")
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
-        sent = time.perf_counter()
+        sent, wall_sent = time.perf_counter(), time.time()
         try:
             answer = await self._client.generate(payload)
         finally:
             self.in_flight -= 1
         answered = time.perf_counter()
+        if isinstance(answer, list) and len(answer) > 1:
+            self.batches.append(batch_stamps(answer, sent, answered, wall_sent, time.time()))
         one = answer[0] if isinstance(answer, list) and len(answer) == 1 else answer
         out = one.get("output_ids") if isinstance(one, dict) else None
         if isinstance(ids, list) and isinstance(out, list):
@@ -144,6 +148,63 @@ class RequestLog:
             yield self
         finally:
             eng._client = original
+
+
+# SGLang's per-request timestamps (wall clock, seconds) in meta_info when the server runs with
+# --enable-metrics (0.5.17: tokenizer_manager / observability.req_time_stats).
+STAMPS = ("request_received_ts", "api_server_dispatch_finish_ts", "forward_entry_time", "prefill_finished_time",
+          "request_finished_ts")
+
+
+def batch_stamps(answer: Sequence[Any], sent: float, answered: float, wall_sent: float, wall_answered: float
+                 ) -> dict[str, Any]:
+    """One batched request's timing: its size, the client's send and answer times (perf_counter and
+    wall clock), SGLang's e2e_latency (max over items) and, where the server gave them, each
+    --enable-metrics timestamp's min and max over the batch's items."""
+    metas = [a.get("meta_info") or {} for a in answer if isinstance(a, dict)]
+    out: dict[str, Any] = {"n": len(answer), "sent": sent, "answered": answered, "wall_sent": wall_sent,
+                           "wall_answered": wall_answered}
+    e2e = [float(m["e2e_latency"]) for m in metas if isinstance(m.get("e2e_latency"), (int, float))]
+    out["e2e_max"] = max(e2e) if e2e else None
+    for key in STAMPS:
+        vals = [float(m[key]) for m in metas if isinstance(m.get(key), (int, float)) and m[key] > 0]
+        out[key] = (min(vals), max(vals)) if vals else None
+    return out
+
+
+PHASES = ("upload", "tokenizer", "queue", "prefill", "decode", "answer", "span", "e2e", "client")
+
+
+def turn_phases(batches: Sequence[dict[str, Any]]) -> list[dict[str, float | None]]:
+    """Where each batched request's time went, in milliseconds, in order (SGLang's stamps where it
+    gave them, else None):
+
+        upload     client send -> SGLang received the first item (HTTP, request JSON)
+        tokenizer  first item received -> last item dispatched to the scheduler
+        queue      last dispatched -> last item's first forward (waiting to be scheduled)
+        prefill    last first forward -> last prefill finished
+        decode     last prefill finished -> last item finished (as the tokenizer manager saw it)
+        answer     last item finished -> the client holds the parsed answer (response, HTTP, JSON)
+        span       client send -> parsed answer; e2e: SGLang's largest e2e_latency
+        client     this answer -> the next batch's send (the runner and the environment; None for the last)
+    """
+    out: list[dict[str, float | None]] = []
+    for i, b in enumerate(batches):
+        def ms(a: float | None, z: float | None) -> float | None:
+            return 1e3 * (z - a) if a is not None and z is not None else None
+        rec, disp, fwd, pre, fin = (b.get(k) for k in STAMPS)
+        nxt = batches[i + 1]["sent"] if i + 1 < len(batches) else None
+        out.append({
+            "n": b["n"], "upload": ms(b["wall_sent"], rec[0] if rec else None),
+            "tokenizer": ms(rec[0] if rec else None, disp[1] if disp else None),
+            "queue": ms(disp[1] if disp else None, fwd[1] if fwd else None),
+            "prefill": ms(fwd[1] if fwd else None, pre[1] if pre else None),
+            "decode": ms(pre[1] if pre else None, fin[1] if fin else None),
+            "answer": ms(fin[1] if fin else None, b["wall_answered"]),
+            "span": ms(b["sent"], b["answered"]), "e2e": 1e3 * b["e2e_max"] if b.get("e2e_max") is not None else None,
+            "client": ms(b["answered"], nxt) if nxt is not None and nxt >= b["answered"] else None,
+        })
+    return out
 
 
 def _assistant_spans(roles: Sequence[str]) -> list[tuple[int, int]]:
@@ -269,6 +330,7 @@ def analyse(records: Sequence[Any], log: RequestLog | None, t0: float, *, turns:
         "sampled_tokens": sum(sampled), "short_episodes": sum(s != expected for s in sampled),
         "requests": len(log.entries) if log is not None else None, "peak_in_flight": log.peak if log is not None else None,
         "cache": cache_shares(records),
+        "phases": turn_phases(log.batches) if log is not None else [],
         "own": own_time(records, times),
         "per_episode": {"own_s": [round(t["own_s"], 6) if t else None for t in times],
                         "wall_s": [round(t["wall_s"], 6) if t else None for t in times],
@@ -335,15 +397,19 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
             return run
 
         def run_generate(w: C.Workload) -> C.Served:
-            res = eng.generate(w.prompts, n=w.n, progress=False, cache=False, **w.options)
+            log = RequestLog(eng._client)
+            with log.installed(eng):
+                res = eng.generate(w.prompts, n=w.n, progress=False, cache=False, **w.options)
             df = res.df
-            pending["last"] = ("generate", None, None, 0.0)
+            pending["last"] = ("generate", None, log, 0.0)
             return C.Served(int(df["completion_tokens"].sum()), C.server_span(df["request_latency_s"].tolist()))
 
         def after_each(partial: dict[str, Any]) -> None:
             name, res, log, start = pending.pop("last", (None, None, None, 0.0))
             if name in ("episodes", "episodes-single") and partial[name]["runs"]:
                 partial[name]["runs"][-1]["details"] = analyse(res.records, log, start, turns=T, turn_tokens=K)
+            elif name == "generate" and partial[name]["runs"] and log is not None:
+                partial[name]["runs"][-1]["details"] = {"phases": turn_phases(log.batches)}
             record["results"] = partial
             record.save()
 
@@ -417,6 +483,20 @@ def report(record: C.Record) -> None:
             "the server's); rlgen_s: the runner's own timing, where the records have it",
             ["run", "statuses", "peak", "cached", "history", "per turn", "own %", "first ms", "gap ms", "gap p90",
              "transport ms", "rlgen_s %", "rlgen_s ms/turn"], per_turn_rows)
+    phase_rows = []
+    for name in ("episodes", "generate"):
+        runs = [r["details"]["phases"] for r in (results.get(name) or {}).get("runs") or []
+                if (r.get("details") or {}).get("phases")]
+        for k in range(max((len(p) for p in runs), default=0)):
+            at = [p[k] for p in runs if k < len(p)]
+            cells = [C.fmt(C.median_or_none([a[key] for a in at if a.get(key) is not None]), ".1f")
+                     for key in PHASES]
+            phase_rows.append([name, str(k + 1), str(at[0]["n"]), str(len(at)), *cells])
+    if phase_rows:
+        C.print_table(
+            "batched requests: where each one's time went, ms, median over timed runs (turn = the k-th batched "
+            "request of a call; SGLang's stages need --enable-metrics; turn_phases() says what each column spans)",
+            ["method", "turn", "size", "runs", *PHASES], phase_rows)
     note = {"rlgen_s": "from the turns' rlgen_s (the runner's own timing)",
             "requests": "rlgen_s is not in the records: measured from request timestamps (RequestLog): the time "
                         "before an episode's first request plus answer-to-next-request gaps, less the environment; "
