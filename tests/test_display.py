@@ -400,3 +400,27 @@ def test_the_record_line_says_where_the_weights_came_from():
     assert "weights not hashed (not on this machine)" in html.unescape(res._repr_html_())
     res.run_records[run] = {**base, "weights_path": "/ckpt", "weights_sha256": "ab" * 32}
     assert f"weights sha256 {'ab' * 6}" in res._repr_html_()
+
+
+def with_adapters() -> Rollouts:
+    """A mixed batch as generate(..., adapter=[None, "policy"]) makes it: the base row's adapter is None."""
+    return rollouts_from_responses([entry([5, 6]), entry([5, 6])], prompt_ids=[[1, 2]] * 2, prompt_texts=["hi"] * 2,
+                                   pad_token_id=0, extra={"adapter": [None, "grpo-step-0040-lr5e-5"]})
+
+
+def test_each_row_names_its_adapter_in_its_sample_cell_and_a_base_row_says_base_model_not_nan():
+    res = with_adapters()
+    assert math.isnan(res.df["adapter"].iloc[0])  # what pandas makes of the base row's None
+    rows = res._repr_html_().split("<tbody>")[1].split("</tr>")
+    base, policy = (next(c for c in row.split("<td") if "; row_id " in c) for row in rows[:2])  # the sample cells
+    assert ">base model</span>" in base and "NaN" not in rows[0] and "nan" not in rows[0]
+    assert ">adapter</span> grpo-step-0040-lr5e-5</span>" in policy and "base model" not in policy
+
+
+def test_the_adapter_is_not_a_data_column_and_takes_no_data_columns_place():
+    res = with_adapters().with_columns({f"col{k}": [k, k] for k in range(4)})
+    page = res._repr_html_()
+    assert all(f">col{k}</span>" in page for k in range(4)) and "more columns in res.df" not in page
+    data_cells = [r.split("<td")[-2] for r in page.split("<tbody>")[1].split("</tr>")[:2]]
+    assert all("adapter" not in cell and "base model" not in cell for cell in data_cells)
+    assert headers(with_adapters()._repr_html_()) == ["prompt", "sample", "completion"]  # no data column for it

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VIEW_STYLE",
+    "adapter_html",
+    "adapter_name",
     "alternative_texts",
     "clip_text",
     "completion_html",
@@ -139,8 +141,30 @@ def _prompt_cell(r: RolloutsView, pos: int, row: Any, *, max_chars: int) -> str:
     )
 
 
+def adapter_name(row: Any) -> str | None:
+    """The LoRA adapter a row was sampled with; None for the base model (the `adapter` column is
+    missing, None or NaN: pandas reads a base row's None as NaN)."""
+    value = row.get("adapter")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def adapter_html(row: Any) -> str:
+    """The row's adapter, "adapter <name>" (the name whole: it wraps, never cut), or a grey "base
+    model"; "" for a result without an `adapter` column (a server that serves no adapters)."""
+    if "adapter" not in row.index:
+        return ""
+    name = adapter_name(row)
+    if name is None:
+        return '<span style="color:#888" title="sampled with the base model (adapter column: None)">base model</span>'
+    return (f'<span title="sampled with the LoRA adapter {html.escape(repr(name))} (the adapter column)">'
+            f'<span style="color:#888">adapter</span> {html.escape(name)}</span>')
+
+
 def _sample_cell(row: Any) -> str:
-    """Sample index and row id, finish reason, completion tokens and mean logprob, one a line."""
+    """Sample index and row id, finish reason, completion tokens and mean logprob, one a line; then
+    the LoRA adapter it was sampled with ("base model") where the result has an `adapter` column."""
     lines = [
         f'<span title="sample {row["sample_index"]} of its prompt; row_id {int(row["row_id"])}">'
         f'#{row["sample_index"]} <span style="color:#888">row {int(row["row_id"])}</span></span>',
@@ -149,6 +173,9 @@ def _sample_cell(row: Any) -> str:
         f'{row["completion_tokens"]} tok</span>',
         f'<span title="mean logprob of the response tokens" style="color:#555">lp {html.escape(fmt_value(row["logprob_mean"]))}</span>',
     ]
+    adapter = adapter_html(row)
+    if adapter:
+        lines.append(adapter)
     return "".join(f"<div>{line}</div>" for line in lines)
 
 
@@ -226,7 +253,8 @@ def _repeats_prompt(df: Any, column: str) -> bool:
 def _view_columns(r: RolloutsView) -> tuple[list[str], list[str], list[str], list[str]]:
     """(reward columns, data columns shown, data columns left out, data columns that repeat the prompt)."""
     written = set(reward_output_columns(r.df.columns))  # a verl `reward_model` column is data
-    hidden = (*_HIDDEN, *EPISODE_COLUMNS) if is_episodes(r) else _HIDDEN  # an episode's own: in its cells
+    # An episode's own columns are in its cells; a sample's adapter is in its sample cell.
+    hidden = (*_HIDDEN, *EPISODE_COLUMNS) if is_episodes(r) else (*_HIDDEN, "adapter")
     extra = [c for c in r.extra_columns if c not in hidden and not c.endswith(_HIDDEN_SUFFIXES)]
     rewards = [c for c in extra if c in written]
     rest = [c for c in extra if c not in written]
@@ -343,7 +371,8 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
     The header line: the one-line repr, the colour legend, and folded notes (masking, record).
     Each prompt group shows its prompt once (the last user message; the full prompt under "full
     prompt"; the prompt's last tokens), then per sample: sample index and row id, finish reason,
-    completion tokens and mean logprob; the rewards and advantage when present; up to four data
+    completion tokens and mean logprob, and its LoRA adapter where the result has an `adapter`
+    column ("base model" for base rows); the rewards and advantage when present; up to four data
     columns (shortened, full value on hover; a column that only repeats the prompt is left out);
     and the completion drawn token by token as real text (visible newlines, special tokens as grey
     tags), coloured by p = exp(logprob) on a log scale (hover: id, text, logprob, top-k
