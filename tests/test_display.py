@@ -424,3 +424,14 @@ def test_the_adapter_is_not_a_data_column_and_takes_no_data_columns_place():
     data_cells = [r.split("<td")[-2] for r in page.split("<tbody>")[1].split("</tr>")[:2]]
     assert all("adapter" not in cell and "base model" not in cell for cell in data_cells)
     assert headers(with_adapters()._repr_html_()) == ["prompt", "sample", "completion"]  # no data column for it
+
+
+def test_the_record_line_names_the_adapters_the_rows_used():
+    res = with_adapters()
+    run = next(iter(res.run_records))
+    res.run_records[run] = {"backend": "cpu", "server_version": "1", "weights_sha256": "cd" * 32,
+                            "adapters": {"grpo-step-0040-lr5e-5": {"source": "tensors", "rank": 8, "sha256": "ab" * 32, "load": 2},
+                                         "sft": {"source": "/ckpt/sft-adapter", "rank": None, "sha256": None, "load": 0}}}
+    line = html.unescape(res._repr_html_()).split("record: ", 1)[1].split("</div>", 1)[0]
+    assert (f"weights sha256 {'cd' * 6} · adapters grpo-step-0040-lr5e-5 (rank 8, from tensors, sha256 {'ab' * 6}, load 2), "
+            "sft (loaded by the server at start, from /ckpt/sft-adapter, not hashed) · ") in line

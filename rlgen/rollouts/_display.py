@@ -294,6 +294,8 @@ def _mask_note(r: RolloutsView, shown: Any) -> tuple[str, str]:
 def _provenance(rec: dict[str, Any]) -> str:
     parts = [f"{rec.get('backend')} server {rec.get('server_version')}"]
     parts.append(_weights_part(rec))
+    if rec.get("adapters"):
+        parts.append(_adapters_part(rec["adapters"]))
     parts.append("weight version " + ", ".join(map(str, rec.get("weight_versions") or ["?"])))
     if rec.get("seed") is not None:
         parts.append(f"seed {rec['seed']}")
@@ -318,6 +320,26 @@ def _weights_part(rec: dict[str, Any]) -> str:
     if "weights_path" in rec and rec["weights_path"] is None:
         return "weights pushed from the notebook's tensors (update_weights; on no disk, not hashed)"
     return "weights not hashed (not on this machine)"
+
+
+def _adapters_part(adapters: Any) -> str:
+    """The LoRA adapters the rows used (the record's `adapters`: name -> source, rank, sha256,
+    load), e.g. "adapters policy (rank 8, from tensors, sha256 4ee09cecc3f2, load 3)"."""
+    if not isinstance(adapters, dict):
+        return f"adapters {clip_text(adapters, 200)}"
+    described = []
+    for name, about in adapters.items():
+        if not isinstance(about, dict):
+            described.append(f"{name} (not loaded by this Engine)")
+            continue
+        source = about.get("source")
+        details = [f"rank {about['rank']}" if about.get("rank") is not None else "loaded by the server at start",
+                   "from tensors" if source == "tensors" else f"from {clip_text(source, 60, tail=True)}",
+                   f"sha256 {str(about['sha256'])[:12]}" if about.get("sha256") else "not hashed"]
+        if about.get("load"):
+            details.append(f"load {about['load']}")
+        described.append(f"{name} ({', '.join(details)})")
+    return "adapters " + ", ".join(described)
 
 
 def record_note(r: RolloutsView) -> str:
