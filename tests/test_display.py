@@ -435,3 +435,13 @@ def test_the_record_line_names_the_adapters_the_rows_used():
     line = html.unescape(res._repr_html_()).split("record: ", 1)[1].split("</div>", 1)[0]
     assert (f"weights sha256 {'cd' * 6} · adapters grpo-step-0040-lr5e-5 (rank 8, from tensors, sha256 {'ab' * 6}, load 2), "
             "sft (loaded by the server at start, from /ckpt/sft-adapter, not hashed) · ") in line
+
+
+def test_the_header_line_counts_the_rows_of_each_adapter_and_the_base_model():
+    res = rollouts_from_responses([entry([5, 6]) for _ in range(3)], prompt_ids=[[1, 2]] * 3, pad_token_id=0,
+                                  model="tiny", extra={"adapter": ["policy", None, "policy"]})
+    assert repr(res).endswith("| model=tiny | adapters: policy 2, base model 1>")
+    line = re.search(r"<summary[^>]*>(.*?)</summary>", res._repr_html_(), re.S).group(1)
+    assert "adapters: policy 2, base model 1" in line
+    only_base = rollouts_from_responses([entry([5])], prompt_ids=[[1]], pad_token_id=0, model="tiny", extra={"adapter": [None]})
+    assert repr(only_base).endswith("| model=tiny>")  # a LoRA server's base rows: nothing to tell apart

@@ -65,8 +65,9 @@ def _finish_counts(r: RolloutsView) -> list[tuple[str, int]]:
 
 
 def short_repr(r: RolloutsView) -> str:
-    """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`; episodes
-    say theirs (`_episode_html.episodes_repr`)."""
+    """`<Rollouts 16 rows (4 prompts x 4) | 812 tokens | finish: length 12, stop 4 | model=m>`, then
+    `| adapters: policy 8, base model 8` when rows used LoRA adapters; episodes say theirs
+    (`_episode_html.episodes_repr`)."""
     if is_episodes(r):
         return episodes_repr(r)
     parts = [shape_text(r, noun="row"), f"{r.n_tokens} tokens"]
@@ -75,7 +76,23 @@ def short_repr(r: RolloutsView) -> str:
         parts.append("finish: " + ", ".join(f"{k} {v}" for k, v in finish))
     if r.model:
         parts.append(f"model={r.model}")
+    adapters = _adapter_counts(r)
+    if adapters:
+        parts.append("adapters: " + ", ".join(f"{k} {v}" for k, v in adapters))
     return f"<Rollouts {' | '.join(parts)}>"
+
+
+def _adapter_counts(r: RolloutsView) -> list[tuple[str, int]]:
+    """Rows per LoRA adapter ("base model" for base rows), most rows first; [] when no row used one."""
+    if "adapter" not in r.df.columns:
+        return []
+    counts: dict[str, int] = {}
+    for value, count in r.df["adapter"].value_counts(dropna=False, sort=False).items():
+        name = _adapter_text(value) or "base model"  # None and NaN both mean the base model
+        counts[name] = counts.get(name, 0) + int(count)
+    if list(counts) in ([], ["base model"]):
+        return []
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,7 +161,10 @@ def _prompt_cell(r: RolloutsView, pos: int, row: Any, *, max_chars: int) -> str:
 def adapter_name(row: Any) -> str | None:
     """The LoRA adapter a row was sampled with; None for the base model (the `adapter` column is
     missing, None or NaN: pandas reads a base row's None as NaN)."""
-    value = row.get("adapter")
+    return _adapter_text(row.get("adapter"))
+
+
+def _adapter_text(value: Any) -> str | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return str(value)
