@@ -170,3 +170,18 @@ def test_interactive_frontends_are_jupyter_server_kernels_and_vs_code_kernels():
     assert interactive_frontend({"VSCODE_PID": "12"}, {}) is True
     assert interactive_frontend({}, {"__vsc_ipynb_file__": "/x.ipynb"}) is True
     assert interactive_frontend({"JPY_PARENT_PID": "1"}, {}) is False  # any jupyter_client kernel has this
+
+
+def test_the_selected_sample_and_the_sample_choices_name_its_adapter_or_the_base_model():
+    pytest.importorskip("ipywidgets")
+    res = browsable().with_columns({"adapter": [None, "policy"] * 3})  # base rows: NaN in the df
+    b = res.browse()
+    title = re.search(r'<div style="margin-top:8px;font-family:monospace;color:#333">(.*?)</div>', b.html()).group(1)
+    assert title.endswith("mean logprob -0.100 · base model")
+    b.sample = 1
+    assert "mean logprob -4.550 · adapter policy</div>" in b.html()
+    sample = b.widget().children[1].children[2]
+    assert [label for label, _ in sample.options] == ["0 (row 0) base model", "1 (row 1) adapter policy"]
+    plain = browsable().browse()  # no adapter column: nothing said
+    assert plain.html().count("base model") == 0 and [label for label, _ in plain.widget().children[1].children[2].options] == [
+        "0 (row 0)", "1 (row 1)"]

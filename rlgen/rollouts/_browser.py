@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._display import rollouts_html
+from ._display import adapter_name, rollouts_html
 from ._episode_html import episode_title, is_episodes, status_counts, turns_html
 from ._token_html import LINE_STYLE, alternative_texts, completion_html, token_pieces
 
@@ -229,7 +229,8 @@ class RolloutBrowser:
         def redraw(*_: Any) -> None:
             rows, _row = self.selected()
             labels = [(f"{int(df['sample_index'].iat[r])} (row {int(df['row_id'].iat[r])})"
-                       + (f" {df['status'].iat[r]}" if self.episodes else ""), k) for k, r in enumerate(rows.tolist())]
+                       + (f" {df['status'].iat[r]}" if self.episodes else "") + _adapter_label(df.iloc[r]), k)
+                      for k, r in enumerate(rows.tolist())]
             sample.unobserve(on_sample, "value")
             sample.options = labels or [("-", 0)]
             sample.value = self.sample if labels else 0
@@ -296,11 +297,13 @@ def interactive_frontend(environ: Mapping[str, str] | None = None, user_ns: Mapp
 
 
 def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
-    """One sample in full: its token heatmap (an episode's trajectory as turns), then its unlikely
-    tokens (p < 0.5) with the alternatives."""
+    """One sample in full: a title line (with its LoRA adapter, or "base model", where the result
+    has an `adapter` column), its token heatmap (an episode's trajectory as turns), then its
+    unlikely tokens (p < 0.5) with the alternatives."""
     row = r.df.iloc[i]
     title = (f"sample {row['sample_index']} (row {row['row_id']}) · {row['finish_reason']} · "
-             f"{row['completion_tokens']} tokens · mean logprob {row['logprob_mean']:.3f}")
+             f"{row['completion_tokens']} tokens · mean logprob {row['logprob_mean']:.3f}"
+             + _adapter_label(row, " · "))
     heat = completion_html(r, i, max_tokens=4096)
     if is_episodes(r):
         title = episode_title(row)
@@ -309,6 +312,14 @@ def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
         f'<div style="margin-top:8px;font-family:monospace;color:#333">{html.escape(title)}</div>'
         f'<div style="border:1px solid #ccc;padding:4px;max-width:100%;{LINE_STYLE}">{heat}</div>{_surprises_html(r, i)}'
     )
+
+
+def _adapter_label(row: Any, sep: str = " ") -> str:
+    """`sep` + "adapter <name>" or "base model" for a row of a result with an `adapter` column, else ""."""
+    if "adapter" not in row.index:
+        return ""
+    name = adapter_name(row)
+    return sep + ("base model" if name is None else f"adapter {name}")
 
 
 def _surprises_html(r: RolloutsView, i: int) -> str:
