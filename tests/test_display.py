@@ -414,7 +414,7 @@ def test_each_row_names_its_adapter_in_its_sample_cell_and_a_base_row_says_base_
     rows = res._repr_html_().split("<tbody>")[1].split("</tr>")
     base, policy = (next(c for c in row.split("<td") if "; row_id " in c) for row in rows[:2])  # the sample cells
     assert ">base model</span>" in base and "NaN" not in rows[0] and "nan" not in rows[0]
-    assert ">adapter</span> grpo-step-0040-lr5e-5</span>" in policy and "base model" not in policy
+    assert ">LoRA</span> grpo-step-0040-lr5e-5</span>" in policy and "base model" not in policy
 
 
 def test_the_adapter_is_not_a_data_column_and_takes_no_data_columns_place():

@@ -171,15 +171,17 @@ def _adapter_text(value: Any) -> str | None:
 
 
 def adapter_html(row: Any) -> str:
-    """The row's adapter, "adapter <name>" (the name whole: it wraps, never cut), or a grey "base
-    model"; "" for a result without an `adapter` column (a server that serves no adapters)."""
+    """The row's adapter, "LoRA <name>", or a grey "base model"; "" for a result without an `adapter`
+    column (a server that serves no adapters). "LoRA", not "adapter": the sample column is narrow
+    (~95 px in JupyterLab beside the file browser), and "LoRA policy" stays on one line there; the
+    name is whole (it wraps, never cut: names often differ only at their end)."""
     if "adapter" not in row.index:
         return ""
     name = adapter_name(row)
     if name is None:
         return '<span style="color:#888" title="sampled with the base model (adapter column: None)">base model</span>'
     return (f'<span title="sampled with the LoRA adapter {html.escape(repr(name))} (the adapter column)">'
-            f'<span style="color:#888">adapter</span> {html.escape(name)}</span>')
+            f'<span style="color:#888">LoRA</span> {html.escape(name)}</span>')
 
 
 def _sample_cell(row: Any) -> str:
