@@ -179,9 +179,23 @@ def test_the_selected_sample_and_the_sample_choices_name_its_adapter_or_the_base
     title = re.search(r'<div style="margin-top:8px;font-family:monospace;color:#333">(.*?)</div>', b.html()).group(1)
     assert title.endswith("mean logprob -0.100 · base model")
     b.sample = 1
-    assert "mean logprob -4.550 · adapter policy</div>" in b.html()
+    assert "mean logprob -4.550 · LoRA policy</div>" in b.html()
     sample = b.widget().children[1].children[2]
-    assert [label for label, _ in sample.options] == ["0 (row 0) base model", "1 (row 1) adapter policy"]
+    assert [label for label, _ in sample.options] == ["0 (row 0) base model", "1 (row 1) LoRA policy"]
     plain = browsable().browse()  # no adapter column: nothing said
     assert plain.html().count("base model") == 0 and [label for label, _ in plain.widget().children[1].children[2].options] == [
         "0 (row 0)", "1 (row 1)"]
+
+
+def test_the_sample_dropdown_is_wide_enough_for_its_adapter_labels():
+    pytest.importorskip("ipywidgets")
+
+    def width(res: Rollouts) -> float:
+        return float(res.browse().widget().children[1].children[2].layout.width.removesuffix("em"))
+
+    assert width(browsable()) == 16  # "12 (row 345)": no adapter column
+    # 16em showed "0 (row 0) base" of "0 (row 0) base model" (JupyterLab, 2026-12-02): ~0.65em a character more
+    assert width(browsable().with_columns({"adapter": [None, "policy"] * 3})) >= 16 + 0.65 * len(" base model")
+    long_name = "grpo-step-0040-lr5e-5"
+    assert width(browsable().with_columns({"adapter": [None, long_name] * 3})) >= 16 + 0.65 * len(" LoRA " + long_name)
+    assert width(browsable().with_columns({"adapter": ["x" * 200] * 6})) == 40  # the title line names it whole

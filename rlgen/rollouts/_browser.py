@@ -223,7 +223,7 @@ class RolloutBrowser:
         previous, following = w.Button(description=f"◀ {unit}", layout=w.Layout(width="8em")), w.Button(
             description=f"{unit} ▶", layout=w.Layout(width="8em"))
         sample = w.Dropdown(options=[0], description="episode" if self.episodes else "sample",
-                            layout=w.Layout(width="22em" if self.episodes else "16em"))
+                            layout=w.Layout(width="22em" if self.episodes else _sample_width(df)))
         view = w.HTML(layout=w.Layout(width="auto", overflow="auto"))
 
         def redraw(*_: Any) -> None:
@@ -315,11 +315,22 @@ def sample_html(r: RolloutsView, i: int, *, position: int = 0) -> str:
 
 
 def _adapter_label(row: Any, sep: str = " ") -> str:
-    """`sep` + "adapter <name>" or "base model" for a row of a result with an `adapter` column, else ""."""
+    """`sep` + "LoRA <name>" or "base model" (as the view's sample cell says it) for a row of a
+    result with an `adapter` column, else ""."""
     if "adapter" not in row.index:
         return ""
     name = adapter_name(row)
-    return sep + ("base model" if name is None else f"adapter {name}")
+    return sep + ("base model" if name is None else f"LoRA {name}")
+
+
+def _sample_width(df: Any) -> str:
+    """The sample dropdown's width: 16em for "12 (row 345)", wider by what the longest adapter label
+    adds (a 16em box cut "0 (row 0) base model" to "0 (row 0) base"); at most 40em."""
+    if "adapter" not in df.columns:
+        return "16em"
+    names = [str(v) for v in df["adapter"].dropna().unique()]
+    longest = max([len("base model"), *(len("LoRA ") + len(n) for n in names)])
+    return f"{min(40, 16 + math.ceil(0.65 * (longest + 1)))}em"  # ~0.65em a character at the widgets' font
 
 
 def _surprises_html(r: RolloutsView, i: int) -> str:
