@@ -130,6 +130,14 @@ def test_reloading_a_name_serves_the_new_adapter_and_the_cache_keys_on_its_conte
 
 
 @pytest.mark.timeout(240)
+def test_an_adapters_load_counts_the_loads_of_its_own_name_only(eng: rlgen.Engine, adapter: Any) -> None:
+    eng.load_adapter("policy", adapter)  # another name, loaded before
+    assert eng.load_adapter("counted", adapter).load == 1
+    assert eng.load_adapter("counted", adapter).load == 2
+    eng.unload_adapter("counted")
+
+
+@pytest.mark.timeout(240)
 def test_ab_compares_base_and_adapter_on_the_same_prompts_without_reloading(eng: rlgen.Engine, adapter: Any) -> None:
     eng.load_adapter("policy", adapter)
     loads = eng.adapters["policy"].load

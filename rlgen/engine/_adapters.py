@@ -31,7 +31,7 @@ _ALREADY_LOADED = "already loaded"
 class AdaptersMixin(WeightsMixin, AdapterChoiceMixin):
     """LoRA adapter methods of `Engine` (mixed into it)."""
 
-    _adapter_loads: int
+    _adapter_loads: dict[str, int]
 
     def load_adapter(self, name: str, adapter: Any, *, adapter_name: str = "default", pinned: bool = False) -> Adapter:
         """Load a LoRA adapter into the server under `name`; `generate(..., adapter=name)` then samples with it.
@@ -74,10 +74,11 @@ class AdaptersMixin(WeightsMixin, AdapterChoiceMixin):
             # Loaded under this name before this Engine attached (a kept server): replaced, as above.
             self._lora_control("/unload_lora_adapter", {"lora_name": name}, what=f"unload_adapter({name!r})")
             self._send_adapter(name, source, pinned=pinned)
-        self._adapter_loads += 1
+        # which load of this name (the Engine's loads of other names do not count)
+        self._adapter_loads[name] = self._adapter_loads.get(name, 0) + 1
         loaded = Adapter(name=name, source=source.path or "tensors", rank=source.rank,
                          target_modules=source.target_modules, sha256=source.sha256,
-                         load=self._adapter_loads, seconds=time.perf_counter() - started)
+                         load=self._adapter_loads[name], seconds=time.perf_counter() - started)
         self._adapters[name] = loaded
         return loaded
 

@@ -405,7 +405,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         self._behind_router = False           # connect() to an sglang-router: see rlgen.client._router
         self._replicas = None
         self._adapters = {}                   # LoRA adapters the server holds, by name (engine._adapters)
-        self._adapter_loads = 0
+        self._adapter_loads: dict[str, int] = {}  # loads per adapter name
 
     def _connect(self, *, tokenizer: Any) -> None:
         """Client, server info and tokenizer (an object, a path, or the future of the one loading in a
