@@ -254,6 +254,13 @@ def test_what_cannot_work_is_refused_before_anything_is_sent(
     monkeypatch.setattr(eng, "_server_info", sglang_info)
     with pytest.raises(WeightsError, match=r"are on cpu .*move the model to the server's GPU.*update_weights_from_disk"):
         eng.update_weights(trainer)
+    monkeypatch.setattr(eng, "_server_info", {**sglang_info, "dp_size": 2})  # SGLang refuses tensors there
+    with pytest.raises(WeightsError, match=r"dp_size 1 \(or DP attention\).*update_weights_from_disk"):
+        eng.update_weights(trainer)
+    monkeypatch.setattr(eng, "_server_info", {**sglang_info, "dp_size": 2, "enable_dp_attention": True})
+    with pytest.raises(WeightsError, match=r"are on cpu"):  # allowed with DP attention: on to the device check
+        eng.update_weights(trainer)
+    monkeypatch.setattr(eng, "_server_info", sglang_info)
     monkeypatch.setattr(eng, "url", "http://192.0.2.1:30000")   # TEST-NET-1: never this machine
     with pytest.raises(WeightsError, match=r"on another machine.*update_weights_from_disk\(path\)"):
         eng.update_weights(trainer)
