@@ -81,9 +81,12 @@ class EpisodesMixin(EngineBase):
                 (e.g. a thinking template that rewrites history, to see its drift).
             progress: show a progress line (None: the Engine's setting).
             max_in_flight: the most turns in flight at once (server-side requests).
-            batch_turns: send the turns that are ready together as one batched /generate (SGLang
-                serves a batch about 2.4x faster than as many single requests); False: one request
-                per turn, each answered as soon as its sample finishes.
+            batch_turns: send the turns that are ready together as one batched /generate; False:
+                one request per turn, each answered as soon as its sample finishes. A batch is
+                answered when its longest turn finishes: with turns of one length it gave 1.04-1.27x
+                the tokens/s of one request per turn on an H200 (docs/benchmarks.md, "Multi-turn
+                episodes"); with turns of very different lengths, False lets each episode go on
+                when its own turn ends (not measured).
 
         Raises:
             TypeError / ValueError: bad prompts, env or options (nothing was sent).
