@@ -12,7 +12,7 @@ docs/benchmarks.md "Multi-turn episodes"), because every request costs its HTTP 
 server's per-request handling. Episodes that run in step (every episode's turn k answered by the
 same batch, then its environment step) reach the batcher within milliseconds of each other, so
 their next turns leave together. A batch's answer comes back when its longest sample finishes, as
-a `generate()` request's does. Measured on episodes (256 x 4 turns of 64 tokens, every turn the
+a `generate()` request's does. Measured on episodes (256 x 4 turns of 64 or 256 tokens, every turn the
 same length): 1.04-1.27x the tokens/s of one request per turn in five runs, significant in one.
 
 Knows nothing about episodes, environments or templates: it posts payloads with a client and
