@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 
 import numpy as np
 import pytest
@@ -231,3 +232,122 @@ def test_plot_returns_a_figure_with_a_panel_per_metric() -> None:
     fig = report.plot()
     assert isinstance(fig, Figure) and len(fig.axes) == len(report.df)
     assert [ax.get_ylabel() for ax in fig.axes] == list(report.df["metric"])
+
+
+def one_call(base: list[list[float]], policy: list[list[float]], *, policy_first: bool = False) -> Rollouts:
+    """Base and adapter sampled in one call, as `eng.generate(prompts + prompts, n=n, adapter=[None] * k
+    + ["policy"] * k)` returns them: prompt p under prompt_index p and k + p, an `adapter` column
+    that is None on base rows (`policy_first`: the adapter's half sent first)."""
+    k, n = len(base), len(base[0])
+    halves = [(policy, "policy"), (base, None)] if policy_first else [(base, None), (policy, "policy")]
+    ids = [[10 + p, 11] for p in range(k)]
+    return rollouts_from_responses(
+        [entry(2, "stop") for _ in range(2 * k * n)], prompt_ids=ids + ids,
+        prompt_texts=[f"prompt {p}" for p in range(k)] * 2, n=n, pad_token_id=0,
+        extra={"adapter": [name for _, name in halves for _ in range(k * n)],
+               "reward": [r for rewards, _ in halves for group in rewards for r in group]})
+
+
+def one_run(rewards: list[list[float]]) -> Rollouts:
+    """One call's result: prompt p = ids [10 + p, 11] under prompt_index p, rewards per prompt."""
+    ids = [[10 + p, 11] for p in range(len(rewards))]
+    return rollouts_from_responses([entry(2, "stop") for group in rewards for _ in group], prompt_ids=ids,
+                                   prompt_texts=[f"prompt {p}" for p in range(len(ids))], n=len(rewards[0]),
+                                   pad_token_id=0, extra={"reward": [r for group in rewards for r in group]})
+
+
+def shifted(rewards: list[list[float]], by: float, seed: int) -> list[list[float]]:
+    rng = np.random.default_rng(seed)
+    return [[r + by + float(rng.uniform(-0.3, 0.3)) for r in group] for group in rewards]
+
+
+BASE = shifted(REWARDS * 2, 0.0, seed=1)
+POLICY = shifted(REWARDS * 2, 0.2, seed=2)
+
+
+def test_base_and_adapter_rows_of_one_call_are_paired_by_prompt_text_and_the_notes_say_so() -> None:
+    res = one_call(BASE, POLICY)
+    base, policy = res.where(res.df.adapter.isna()), res.where(res.df.adapter == "policy")
+    assert sorted(set(policy.df.prompt_index)) == list(range(10, 20))
+    report = ab(base, policy)
+    # the same report as two results under the same prompt_index: each prompt paired with itself
+    assert report.df.equals(ab(make(BASE), make(POLICY)).df)
+    assert report.samples.index.tolist() == list(range(10)) and report.samples["B"].tolist() == [4] * 10
+    assert report.notes[0] == ("paired by prompt text, not prompt_index: A's prompt_index 0 is B's 10, 1 is B's 11, "
+                               "2 is B's 12, … (B's = A's + 10)")
+    # the same prompts in another order, under the same indices: paired by text too
+    ids = [[10 + p, 11] for p in range(10)]
+    backwards = make(POLICY[::-1], prompts=ids[::-1])
+    report = ab(make(BASE), backwards)
+    assert report.df.equals(ab(make(BASE), make(POLICY)).df)
+    assert report.notes[0] == "paired by prompt text, not prompt_index: A's prompt_index 0 is B's 9, 1 is B's 8, 2 is B's 7, …"
+    # the same prompts under the same indices: paired by index, no note
+    assert not any(n.startswith("paired") for n in ab(make(BASE), make(POLICY)).notes)
+
+
+def test_prompts_that_differ_are_refused_under_other_indices_too() -> None:
+    res = one_call(BASE, POLICY)
+    base, policy = res.where(res.df.adapter.isna()), res.where(res.df.adapter == "policy")
+    with pytest.raises(ValueError, match=r"prompt_index 9 is only in a \(10 prompts in a, 9 in b\), and b holds its "
+                                         r"prompt 'prompt 9' under no prompt_index.*a\.where\(a\.df\.prompt\.isin"):
+        ab(base, policy.where(policy.df.prompt_index != 19))
+    with pytest.raises(ValueError, match=r"ab\(res, by='adapter'\) compares a = its 'base' rows and b = its 'policy' "
+                                         "rows, and prompt_index 9 is only in a"):
+        ab(res.where(res.df.prompt_index != 19), by="adapter")
+    other = make(POLICY, prompts=[[10 + p, 11] for p in range(9)] + [[99, 11]])
+    with pytest.raises(ValueError, match=r"different prompts at prompt_index 9 \('prompt 9' in a\), and b holds a's "
+                                         "under no prompt_index"):
+        ab(make(BASE), other)
+
+
+def test_a_prompt_repeated_under_as_many_indices_on_both_sides_is_paired_in_index_order() -> None:
+    # prompts = [p0, p0, p1, ..., p8] sent as prompts + prompts: p0 under 0 and 1 on the base side, 10 and 11 on the adapter's
+    ids = [[10, 11]] + [[10 + p, 11] for p in range(9)]
+    base = make(BASE, prompts=ids)
+    policy = make(POLICY, prompts=ids)
+    policy.df = policy.df.assign(prompt_index=policy.df.prompt_index + 10)
+    report = ab(base, policy)
+    assert report.df.equals(ab(make(BASE, prompts=ids), make(POLICY, prompts=ids)).df)
+    assert report.notes[0].endswith("(B's = A's + 10); 1 prompt repeated under several indices, paired in index order")
+
+
+def test_a_prompt_repeated_more_often_on_one_side_is_refused_as_ambiguous_saying_what_to_select() -> None:
+    p = [[10 + i, 11] for i in range(10)]
+    base = make(BASE, prompts=[p[0], p[0], *p[1:9]])  # p0 under prompt_index 0 and 1, then p1..p8
+    with pytest.raises(ValueError, match=r"different prompts at prompt_index 2 \('prompt 2' in a\)"):
+        ab(base, make(POLICY, prompts=[p[0], p[0], *p[2:10]]))  # p0 twice as well, but p9 for p1
+    with pytest.raises(ValueError, match=r"a holds the prompt 'prompt 0' under prompt_index \[0, 1\] and b under \[0\]: "
+                                         r"pairing by prompt text is ambiguous; .* a\.where\(~a\.df\.prompt_index\.isin\(\[1\]\)\)"):
+        ab(base, make(POLICY[:9], prompts=p[:9]))  # p0 once
+
+
+def test_by_adapter_compares_the_base_and_adapter_rows_of_one_result_labelled_by_their_values() -> None:
+    expected = ab(make(BASE), make(POLICY)).df.assign(verdict=lambda d: d.verdict.str.replace("B ", "policy "))
+    for res in (one_call(BASE, POLICY), one_call(BASE, POLICY, policy_first=True)):
+        report = ab(res, by="adapter")
+        assert report.labels == ("base", "policy")  # the base model is A, wherever its rows are
+        assert report.df.equals(expected) and report.notes[0].startswith("paired by prompt text")
+    assert ab(one_call(BASE, POLICY), by="adapter", labels=("before", "after")).labels == ("before", "after")
+    # any column: the runs of two results stacked with labels, paired by prompt_index
+    both = Rollouts.concat([one_run(BASE), one_run(POLICY)], labels=["step 0", "step 100"])
+    by_run = ab(both, by="run")
+    assert by_run.labels == ("step 0", "step 100") and by_run.df.equals(expected.assign(
+        verdict=lambda d: d.verdict.str.replace("policy ", "step 100 ")))
+
+
+def test_by_a_column_without_exactly_two_values_is_refused_listing_them_and_what_to_select() -> None:
+    res = one_call(BASE, POLICY)
+    third = Rollouts.concat([res, one_call(BASE, POLICY).where(lambda d: d.adapter == "policy")
+                             .with_columns({"adapter": ["old"] * 40})])
+    with pytest.raises(ValueError, match=re.escape(
+            "holds 3: base (missing), 'policy', 'old'; select the rows of two with where first, e.g. "
+            "rlgen.ab(res.where(res.df.adapter.isna() | (res.df.adapter == 'policy')), by='adapter')")):
+        ab(third, by="adapter")
+    with pytest.raises(ValueError, match=r"holds 1: 'policy'; sample both in one call, e\.g\. eng\.generate"):
+        ab(res.where(res.df.adapter == "policy"), by="adapter")
+    with pytest.raises(ValueError, match=r"res has no 'adapter' column: rows get one from eng\.generate\(\.\.\., adapter="):
+        ab(make(BASE), by="adapter")
+    with pytest.raises(TypeError, match="ab needs two results, ab\\(a, b\\), or one result and a column"):
+        ab(res)
+    with pytest.raises(TypeError, match="not both"):
+        ab(res, res, by="adapter")

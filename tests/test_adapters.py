@@ -149,6 +149,18 @@ def test_ab_compares_base_and_adapter_on_the_same_prompts_without_reloading(eng:
 
 
 @pytest.mark.timeout(240)
+def test_ab_by_adapter_pairs_the_base_and_adapter_rows_of_one_call_by_prompt(eng: rlgen.Engine, adapter: Any) -> None:
+    eng.load_adapter("policy", adapter)
+    k = len(CHATS)
+    both = eng.generate(CHATS + CHATS, n=2, max_new_tokens=8, seed=3, adapter=[None] * k + ["policy"] * k)
+    report = rlgen.ab(both, by="adapter")
+    assert report.labels == ("base", "policy") and set(report.df["prompts"]) == {k}
+    assert report.notes[0].startswith(f"paired by prompt text, not prompt_index: A's prompt_index 0 is B's {k}")
+    base, policy = both.where(both.df.adapter.isna()), both.where(both.df.adapter == "policy")
+    assert report.df.equals(rlgen.ab(base, policy, labels=("base", "policy")).df)
+
+
+@pytest.mark.timeout(240)
 def test_what_the_server_cannot_take_is_refused_before_anything_is_sent(eng: rlgen.Engine, model_path: str,
                                                                         tmp_path: Path) -> None:
     with pytest.raises(AdapterError, match=r"lora=\{'max_rank': 16\}"):

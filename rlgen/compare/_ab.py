@@ -1,11 +1,13 @@
 """`ab`: does checkpoint B differ from checkpoint A on the same prompts? `ABReport`: the answer.
 
-Owns: the per-prompt metrics of two results generated for the same prompts (mean reward, mean
-completion length, the share of each finish reason, pass@k), their comparison by a paired t
-interval over prompts (a prompt is one pair: its value under A and its value under B), the verdict
-per metric, and `ABReport` with its table, HTML and forest plot. Knows nothing about servers,
-weights, or how samples and rewards were made: it reads two `Rollouts`' df and prompt ids; the
-pass@k estimator is `rewards._group_stats.pass_at_k`, correctness `rewards._summary.correct_mask`, and
+Owns: the pairing of two results' prompts (by prompt_index, else by prompt token ids, e.g. the base
+and adapter rows of one call, which `ab(res, by="adapter")` splits by a column), the per-prompt
+metrics of two results generated for the same prompts (mean reward, mean completion length, the
+share of each finish reason, pass@k), their comparison by a paired t interval over prompts (a
+prompt is one pair: its value under A and its value under B), the verdict per metric, and
+`ABReport` with its table, HTML and forest plot. Knows nothing about servers, weights, or how
+samples and rewards were made: it reads two `Rollouts`' df and prompt ids; the pass@k estimator is
+`rewards._group_stats.pass_at_k`, correctness `rewards._summary.correct_mask`, and
 figures are made through `rollouts._plots`.
 
 The interval: each metric is first reduced to one value per prompt and side; over the m prompts
@@ -61,9 +63,10 @@ MIN_PROMPTS = 10
 
 def ab(
     a: Rollouts,
-    b: Rollouts,
+    b: Rollouts | None = None,
     *,
-    labels: Sequence[str] = ("A", "B"),
+    by: str | None = None,
+    labels: Sequence[str] | None = None,
     reward: str = "reward",
     correct: str | None = None,
     threshold: float = 1.0,
@@ -75,10 +78,19 @@ def ab(
     """Compare two checkpoints' generations for the same prompts, metric by metric.
 
     Args:
-        a, b: results generated for the same prompts (the same prompt ids under each
-            `prompt_index`), by weight versions A and B; any number of samples per prompt, which
-            may differ between a and b.
-        labels: names of A and B in verdicts, reprs and the plot.
+        a, b: results generated for the same prompts by weight versions A and B; any number of
+            samples per prompt, which may differ between a and b. Prompts are paired by
+            `prompt_index` when both sides hold the same prompt under each index; else by prompt
+            text (token ids), e.g. base and adapter sampled in one call as prompts `0..k-1` and
+            `k..2k-1`, and `notes` says so. A prompt repeated under several indices is paired in
+            index order, and must be repeated as often on both sides.
+        by: instead of b: a column of a that splits its rows into A and B, e.g. `ab(res,
+            by="adapter")` for `res = eng.generate(prompts + prompts, adapter=[None] * k +
+            ["policy"] * k)`. The column must hold exactly two values; missing ones (None, NaN) are
+            one value and side A (under `adapter`: the base model, labelled "base"), else A is the
+            value of the first row.
+        labels: names of A and B in verdicts, reprs and the plot; default ("A", "B"), or with `by`
+            the two values.
         reward: the reward column; its mean is a metric when both sides have it (NaN rewards left
             out per prompt, and counted in `notes`).
         correct: the column saying which samples are correct for pass@k: a bool column, or a numeric
@@ -97,7 +109,8 @@ def ab(
 
     Raises:
         TypeError / ValueError: bad arguments; a and b hold different prompts (the message names
-            the first); a column that one side has and the other lacks.
+            the first), or a prompt repeated more often on one side; a column that one side has
+            and the other lacks; a `by` column without exactly two values (the message lists them).
 
     Usage::
 
@@ -105,16 +118,30 @@ def ab(
         new = eng_b.generate(prompts, n=8).add_rewards(exact)
         report = rlgen.ab(base, new, labels=("step 0", "step 100"))
         report.df, report.plot()
+
+        both = eng.generate(prompts + prompts, n=8, adapter=[None] * k + ["policy"] * k)
+        rlgen.ab(both.add_rewards(exact), by="adapter")      # base vs policy, paired by prompt
     """
     import pandas as pd
 
     from ..rollouts._rollouts import Rollouts
 
     # 1) arguments
+    if by is not None:
+        if b is not None:
+            raise TypeError("give two results, ab(a, b), or one result and the column that splits it, "
+                            f"ab(res, by={by!r}); not both")
+        if not isinstance(a, Rollouts):
+            raise TypeError(f"ab(res, by=...) needs a Rollouts, got {type(a).__name__}")
+        a, b, by_labels = _split(a, by)
+        labels = by_labels if labels is None else labels
+    elif b is None:
+        raise TypeError("ab needs two results, ab(a, b), or one result and a column with two values, e.g. "
+                        "ab(res, by='adapter') for base and adapter sampled in one generate")
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, Rollouts):
             raise TypeError(f"{name} must be a Rollouts, got {type(value).__name__}")
-    names = two_labels(labels)
+    names = two_labels(("A", "B") if labels is None else labels)
     if n_boot is not None or seed is not None:
         warnings.warn("rlgen.ab: n_boot and seed do nothing any more: the interval is a paired t interval over "
                       "prompts (no resampling, no randomness); drop them", DeprecationWarning, stacklevel=2)
@@ -123,15 +150,24 @@ def ab(
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
         raise TypeError(f"threshold must be a number, got {threshold!r}")
 
-    # 2) the prompts: the same on both sides
-    prompts = _common_prompts(a, b)
+    # 2) the prompts: the same on both sides, b's renumbered to a's prompt_index where paired by text
+    try:
+        prompts, b_to_a, pairing = _common_prompts(a, b)
+    except ValueError as e:
+        if by is None:
+            raise
+        raise ValueError(f"ab(res, by={by!r}) compares a = its {names[0]!r} rows and b = its {names[1]!r} rows, "
+                         f"and {e}") from None
+    da = a.df
+    db = b.df if b_to_a is None else b.df.assign(prompt_index=b.df["prompt_index"].map(b_to_a))
 
     # 3) one value per prompt and side for each metric
-    metrics, notes = _metrics(a.df, b.df, prompts, reward=reward, correct=correct, threshold=float(threshold), k=k)
+    metrics, notes = _metrics(da, db, prompts, reward=reward, correct=correct, threshold=float(threshold), k=k)
+    notes = [pairing, *notes] if pairing else notes
 
     # 4) the paired t interval of each metric
     rows = [_compare_metric(name, va, vb, label_b=names[1], confidence=float(confidence)) for name, va, vb in metrics]
-    samples = pd.DataFrame({"A": _counts(a.df, prompts), "B": _counts(b.df, prompts)},
+    samples = pd.DataFrame({"A": _counts(da, prompts), "B": _counts(db, prompts)},
                            index=pd.Index(prompts, name="prompt_index"))
     return ABReport(df=pd.DataFrame(rows), samples=samples, labels=names, notes=notes, confidence=float(confidence))
 
@@ -143,8 +179,9 @@ class ABReport:
       t interval of diff), verdict ("<B> higher" / "<B> lower" when the interval excludes 0,
       "noise" when it does not, "too few prompts" below MIN_PROMPTS = 10 prompts, where the
       interval is not to be trusted), prompts (how many were used).
-    - `samples`: samples per prompt on each side (columns A and B, indexed by prompt_index).
-    - `notes`: what was left out and why (NaN rewards, prompts with too few samples for a pass@k).
+    - `samples`: samples per prompt on each side (columns A and B, indexed by a's prompt_index).
+    - `notes`: how the prompts were paired when not by prompt_index, and what was left out and why
+      (NaN rewards, prompts with too few samples for a pass@k).
     - `labels`, `confidence`; `plot()`: a forest plot of the differences.
     """
 
@@ -231,34 +268,112 @@ class ABReport:
         return fig
 
 
+# -- one result split by a column -------------------------------------------------------------------
+def _split(res: Rollouts, by: str) -> tuple[Rollouts, Rollouts, tuple[str, str]]:
+    """res's rows under each of the two values of column `by`, and their labels: missing values
+    (None, NaN) are one value and come first (under `adapter`: the base model, "base"), else the
+    first row's value does. ValueError, listing the values, unless there are exactly two."""
+    import pandas as pd
+
+    if not isinstance(by, str):
+        raise TypeError(f"by must be a column name, e.g. by='adapter', got {by!r}")
+    if by not in res.df.columns:
+        hint = (": rows get one from eng.generate(..., adapter=[...]) on an Engine that serves LoRA adapters"
+                if by == "adapter" else "")
+        raise ValueError(f"ab(res, by={by!r}): res has no {by!r} column{hint} (columns: {', '.join(map(str, res.df.columns))})")
+    column = res.df[by]
+    missing = column.isna().to_numpy(dtype=bool)
+    values: list[Any] = ([None] if missing.any() else []) + list(pd.unique(column[~missing]))
+    absent = "base" if by == "adapter" else f"no {by}"
+    shown = [f"{absent} (missing)" if v is None else repr(v) for v in values]
+    col = f"res.df.{by}" if by.isidentifier() else f"res.df[{by!r}]"
+    if len(values) != 2:
+        listed = ", ".join(shown[:8]) + (f", … ({len(values)} in all)" if len(values) > 8 else "")
+        if len(values) > 2:
+            pick = " | ".join(f"{col}.isna()" if v is None else f"({col} == {v!r})" for v in values[:2])
+            todo = f"select the rows of two with where first, e.g. rlgen.ab(res.where({pick}), by={by!r})"
+        else:
+            todo = ("sample both in one call, e.g. eng.generate(prompts + prompts, adapter=[None] * k + ['policy'] * k), "
+                    "or compare two results: rlgen.ab(a, b)") if by == "adapter" else "compare two results: rlgen.ab(a, b)"
+        raise ValueError(f"ab(res, by={by!r}) compares the rows of two values of {by!r}, and it holds {len(values)}: "
+                         f"{listed or 'no rows'}; {todo}")
+    sides = [res.where(missing if v is None else (column == v).to_numpy(dtype=bool) & ~missing) for v in values]
+    labels = [absent if v is None else str(v) for v in values]
+    if labels[0] == labels[1]:  # e.g. an adapter named "base", or the values 1 and "1"
+        labels = [absent if v is None else repr(v) for v in values]
+    return sides[0], sides[1], (labels[0], labels[1])
+
+
 # -- prompts ---------------------------------------------------------------------------------------
-def _common_prompts(a: Rollouts, b: Rollouts) -> list[int]:
-    """The prompt indices of a and b (sorted), after checking that each holds one prompt per index
-    and that both hold the same prompts; ValueError naming the first difference otherwise."""
+def _common_prompts(a: Rollouts, b: Rollouts) -> tuple[list[int], dict[int, int] | None, str | None]:
+    """a's prompt indices (sorted); None, or b's prompt_index -> a's where the pairs are found by
+    prompt text; and a note saying so. By prompt_index when both sides hold the same prompt under
+    each index, else by prompt token ids (repeats paired in index order). ValueError naming the
+    first prompt that is on one side only, or repeated more often on one side."""
     ids_a, ids_b = _prompts_by_index(a, "a"), _prompts_by_index(b, "b")
-    only = sorted(set(ids_a) ^ set(ids_b))
-    if only:
-        side = "a" if only[0] in ids_a else "b"
-        raise ValueError(
-            f"prompt_index {only[0]} is only in {side} ({len(ids_a)} prompts in a, {len(ids_b)} in b); ab "
-            "compares the same prompts: select them on both sides, e.g. b.where(b.df.prompt_index.isin(a.df.prompt_index))")
-    prompts = sorted(ids_a)
-    if not prompts:
+    if not ids_a and not ids_b:
         raise ValueError("a and b have no rows: nothing to compare")
-    for p in prompts:
-        if ids_a[p][1] != ids_b[p][1]:
-            text = a.df["prompt"].iloc[ids_a[p][0]]
-            shown = f" ({text[:60]!r}{'…' if len(text) > 60 else ''} in a)" if isinstance(text, str) else ""
-            raise ValueError(f"a and b hold different prompts at prompt_index {p}{shown}; ab compares generations "
-                             "for the same prompts: generate both from the same prompt list, in the same order")
-    return prompts
+    if ids_a.keys() == ids_b.keys() and all(ids_a[p][1] == ids_b[p][1] for p in ids_a):
+        return sorted(ids_a), None, None
+    where_a, where_b = _indices_by_prompt(ids_a), _indices_by_prompt(ids_b)
+    for side, res, ids, other, theirs, their_ids in (("a", a, ids_a, "b", where_b, ids_b),
+                                                     ("b", b, ids_b, "a", where_a, ids_a)):
+        lonely = [p for p in sorted(ids) if ids[p][1] not in theirs]
+        if not lonely:
+            continue
+        p, text = lonely[0], _prompt_text(res, ids[lonely[0]][0])
+        if p in their_ids:
+            raise ValueError(
+                f"a and b hold different prompts at prompt_index {p}{f' ({text} in {side})' if text else ''}, and "
+                f"{other} holds {side}'s under no prompt_index; ab compares generations for the same prompts: "
+                "generate both from the same prompt list (in any order), or select the prompts both hold")
+        select = f"prompt.isin({other}.df.prompt)" if text else f"prompt_index.isin({other}.df.prompt_index)"
+        raise ValueError(
+            f"prompt_index {p} is only in {side} ({len(ids_a)} prompts in a, {len(ids_b)} in b), and {other} holds "
+            f"its prompt{f' {text}' if text else ''} under no prompt_index; ab compares the same prompts: select "
+            f"them on both sides, e.g. {side}.where({side}.df.{select})")
+    for key, in_a in where_a.items():
+        in_b = where_b[key]
+        if len(in_a) != len(in_b):
+            more, extra = ("a", in_a[len(in_b):]) if len(in_a) > len(in_b) else ("b", in_b[len(in_a):])
+            raise ValueError(
+                f"a holds the prompt {_prompt_text(a, ids_a[in_a[0]][0]) or '(token ids)'} under prompt_index "
+                f"{in_a} and b under {in_b}: pairing by prompt text is ambiguous; select as many of its indices on "
+                f"both sides, e.g. {more}.where(~{more}.df.prompt_index.isin({extra})), or give b's rows a's "
+                "prompt_index yourself: b.df = b.df.assign(prompt_index=...)")
+    b_to_a = {q: p for key, in_a in where_a.items() for p, q in zip(in_a, where_b[key])}
+    moved = sorted((p, q) for q, p in b_to_a.items() if p != q)
+    shifts = {q - p for q, p in b_to_a.items()}
+    shift = next(iter(shifts)) if len(shifts) == 1 else None
+    repeats = sum(len(v) > 1 for v in where_a.values())
+    note = ("paired by prompt text, not prompt_index: A's prompt_index "
+            + ", ".join(f"{p} is B's {q}" for p, q in moved[:3]) + (", …" if len(moved) > 3 else "")
+            + (f" (B's = A's {'+' if shift >= 0 else '-'} {abs(shift)})" if shift is not None and len(moved) > 3 else "")
+            + (f"; {repeats} prompt{'s' * (repeats > 1)} repeated under several indices, paired in index order"
+               if repeats else ""))
+    return sorted(ids_a), b_to_a, note
 
 
-def _prompts_by_index(res: Rollouts, name: str) -> dict[int, tuple[int, list[int]]]:
+def _indices_by_prompt(ids: dict[int, tuple[int, tuple[int, ...]]]) -> dict[tuple[int, ...], list[int]]:
+    """prompt token ids -> the prompt indices (sorted) that hold them."""
+    out: dict[tuple[int, ...], list[int]] = {}
+    for p in sorted(ids):
+        out.setdefault(ids[p][1], []).append(p)
+    return out
+
+
+def _prompt_text(res: Rollouts, row: int) -> str:
+    """A row's prompt for messages, quoted and cut at 60 characters; "" when it has no text."""
+    text = res.df["prompt"].iloc[row]
+    return f"{text[:60]!r}{'…' if len(text) > 60 else ''}" if isinstance(text, str) else ""
+
+
+def _prompts_by_index(res: Rollouts, name: str) -> dict[int, tuple[int, tuple[int, ...]]]:
     """prompt_index -> (its first row, its prompt ids); ValueError when rows of one index hold
     different prompts."""
-    out: dict[int, tuple[int, list[int]]] = {}
-    for row, (p, ids) in enumerate(zip(res.df["prompt_index"].tolist(), res.id_lists("prompt"))):
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for row, (p, id_list) in enumerate(zip(res.df["prompt_index"].tolist(), res.id_lists("prompt"))):
+        ids = tuple(id_list)
         first = out.setdefault(int(p), (row, ids))
         if first[1] != ids:
             raise ValueError(f"{name} holds different prompts under prompt_index {p} (rows of several runs?); select "
