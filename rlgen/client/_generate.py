@@ -116,7 +116,7 @@ async def run_generate(client: Client, job: GenerateJob, *,
                             entries = await sender.generate(payload)
                             break
                         except RequestError as err:
-                            if not (single and _may_resend(client, err, attempt)):
+                            if not (single and await _may_resend(client, err, attempt)):
                                 raise
                         # Its worker died and the router's retries did not save it: send it again
                         # (a new rid), after a pause, straight to a live worker (the router may still
@@ -180,11 +180,12 @@ async def _poll_loads(client: Client, on_load: Callable[[int, int], object]) -> 
         on_load(running, used)
 
 
-def _may_resend(client: Client, err: RequestError, attempt: int) -> bool:
+async def _may_resend(client: Client, err: RequestError, attempt: int) -> bool:
     """Behind a router whose workers rlgen owns: whether a request that failed because its worker
-    died goes again (`RouterClient.may_resend`: bounded, and never with no worker left)."""
-    may_resend = getattr(client, "may_resend", None)
-    return bool(may_resend(err, attempt)) if may_resend is not None else False
+    died goes again (`RouterClient.await_may_resend`: bounded, never with no worker left, and
+    allowing a moment for a death that does not show yet)."""
+    may_resend = getattr(client, "await_may_resend", None)
+    return bool(await may_resend(err, attempt)) if may_resend is not None else False
 
 
 def _dead_note(client: Client) -> str:

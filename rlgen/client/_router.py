@@ -15,7 +15,8 @@ server's `Client` in three ways (docs/sglang-api.md section 6 has the probe behi
 
 - A request that fails because its worker died (unreachable, or 5xx from the router once its own
   retries are spent) may be sent again by the generate core: `may_resend` says whether, from what
-  the owner of the workers (`Engine(replicas=N)`) sees of their processes. Off for a router rlgen
+  the owner of the workers (`Engine(replicas=N)`) sees of their processes (`await_may_resend`
+  waits up to `DEATH_GRACE_S` for a death that has not shown yet). Off for a router rlgen
   does not own (`resend_limit` 0): it cannot tell a dead worker from a failing request. A re-send
   goes straight to a live worker (`live_worker`): the router may still pick the dead one until
   its health check marks it down.
@@ -36,10 +37,14 @@ from typing import Any
 from ..core._errors import RequestError, ServerRequestError, WorkerRequestError
 from ._http import Client
 
-__all__ = ["OWNED_RESEND_LIMIT", "RouterClient", "Worker", "is_router", "parse_workers"]
+__all__ = ["DEATH_GRACE_S", "OWNED_RESEND_LIMIT", "RouterClient", "Worker", "is_router", "parse_workers"]
 
 # How often rlgen re-sends one request whose worker died, behind a router whose workers it owns.
 OWNED_RESEND_LIMIT = 3
+# How long a failed request waits for a worker's death to show (`await_may_resend`): a SIGKILLed
+# process has closed its sockets (the router's request to it fails) a moment before waitpid or
+# /proc show it gone; on a loaded machine that moment was long enough to fail a call.
+DEATH_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,20 @@ class RouterClient(Client):
             self.resent += 1
             return True
         return False
+
+    async def await_may_resend(self, err: RequestError, attempt: int, *, grace_s: float = DEATH_GRACE_S) -> bool:
+        """`may_resend`, allowing for a worker whose death does not show yet: when the error is one
+        a dead worker's request gets and every worker still looks alive, look again for up to
+        `grace_s` seconds before saying no (a request that fails while no worker dies still fails)."""
+        if attempt >= self.resend_limit or self.workers_alive is None or not _transient(err):
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while not self.may_resend(err, attempt):
+            if not any(self.workers_alive().values()) or loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def live_worker(self) -> Client | None:
         """A worker whose process runs (in turn), for a re-send: straight to it, since the router may
