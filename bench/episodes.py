@@ -18,7 +18,10 @@ then every repeat runs every method in a shuffled order, each after a prefix-cac
                in ONE single-turn call (rlgen's default chunking)
 
 Default sizes: 64 prompts x n=4 = 256 episodes x 4 assistant turns x 64 tokens (65,536 sampled
-tokens per run, every method); --quick: 2 prompts x 2 x 4 turns x 4 tokens (a smoke run on the
+tokens per run, every method). `--eos`: turns end at the model's EOS (or at `--turn-tokens`), so
+their lengths differ as real turns do, and a batched turn waits for its longest; the methods then
+sample different token counts, so only tokens/s compares (and episodes against episodes-single,
+`--methods episodes,episodes-single`, is the comparison that means something); --quick: 2 prompts x 2 x 4 turns x 4 tokens (a smoke run on the
 CPU backend: its numbers mean nothing).
 
 Measured, per timed run (every repeat's raw numbers go to the JSON):
@@ -338,15 +341,16 @@ def analyse(records: Sequence[Any], log: RequestLog | None, t0: float, *, turns:
     }
 
 
-def wrong_outcome(details: Sequence[dict[str, Any]], expected_statuses: str = "done") -> str | None:
-    """Why the episode runs measured the wrong thing (episodes not all ending as expected, or short of
-    the expected tokens), else None."""
+def wrong_outcome(details: Sequence[dict[str, Any]], expected_statuses: str = "done", *, exact_tokens: bool = True
+                  ) -> str | None:
+    """Why the episode runs measured the wrong thing (episodes not all ending as expected, or, with
+    `exact_tokens` (ignore_eos), short of the expected tokens), else None."""
     problems = []
     for i, d in enumerate(details):
         bad = {s: n for s, n in d["statuses"].items() if s != expected_statuses}
         if bad:
             problems.append(f"run {i}: statuses {bad}")
-        if d["short_episodes"]:
+        if exact_tokens and d["short_episodes"]:
             problems.append(f"run {i}: {d['short_episodes']} episodes short of the expected tokens")
     return "; ".join(problems[:3]) if problems else None
 
@@ -373,10 +377,13 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
         ids = [first_prompt_ids(eng.tokenizer, chat) for chat in prompts]
         n_ep = size["prompts"] * size["n"]
         max_in_flight = args.max_in_flight or n_ep
+        ignore_eos = not args.eos
         wl = C.Workload(name="episodes", prompts=ids,
-                        options={"max_new_tokens": T * K, "temperature": 1.0, "ignore_eos": True}, n=size["n"],
+                        options={"max_new_tokens": T * K, "temperature": 1.0, "ignore_eos": ignore_eos}, n=size["n"],
                         describe=f"{size['prompts']} chat prompts x n={size['n']} = {n_ep} episodes x {T} turns "
-                                 f"x {K} tokens (ignore_eos, T=1); generate: the same prompts, {T * K} tokens")
+                                 + (f"x {K} tokens (ignore_eos, T=1)" if ignore_eos else
+                                    f"x up to {K} tokens (ending at EOS, T=1)")
+                                 + f"; generate: the same prompts, {T * K} tokens")
         record["workload"] = {**wl.summary(), "max_in_flight": max_in_flight, "reply": REPLY,
                               "first_prompt_tokens": [len(p) for p in ids]}
         record.save()
@@ -389,7 +396,8 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
                 start = time.perf_counter()
                 with log.installed(eng):
                     res = eng.episodes(prompts[: len(w.prompts)], env=env, n=w.n, max_turns=T, max_new_tokens=K,
-                                       temperature=1.0, ignore_eos=True, progress=False, max_in_flight=max_in_flight,
+                                       temperature=1.0, ignore_eos=ignore_eos, progress=False,
+                                       max_in_flight=max_in_flight,
                                        batch_turns=batch_turns)
                 df = res.df
                 pending["last"] = (name, res, log, start)  # its records are read after the timing
@@ -415,6 +423,7 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
 
         methods = {"episodes": episodes_of("episodes", True), "episodes-single": episodes_of("episodes-single", False),
                    "generate": run_generate}
+        methods = {name: run for name, run in methods.items() if name in args.methods}
         record["results"] = C.run_interleaved(methods, wl, repeats=C.repeats_of(args),
                                               warmup=wl.head(size["warmup_prompts"]),
                                               before_each=lambda: C.flush_cache(eng.url), after_each=after_each)
@@ -527,7 +536,7 @@ def report(record: C.Record) -> None:
 
     print("\ntargets", flush=True)
     targets = C.Targets()
-    wrong = wrong_outcome(details)
+    wrong = wrong_outcome(details, exact_tokens=not (record.data.get("args") or {}).get("eos"))
     if comparison:
         targets.check_interval("episodes / one generate of the same sampled tokens (tok/s)", comparison["ratio"],
                                comparison["interval"], TARGET_RATIO, wrong=wrong)
@@ -545,10 +554,17 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=None, help="assistant turns per episode (default 4)")
     ap.add_argument("--turn-tokens", type=int, default=None, help="tokens per turn, K (default 64; 4 with --quick)")
     ap.add_argument("--max-in-flight", type=int, default=None, help="episodes' requests in flight (default: all)")
+    ap.add_argument("--eos", action="store_true", help="turns end at the model's EOS (at most --turn-tokens): "
+                    "lengths differ as real turns' do")
+    ap.add_argument("--methods", type=lambda v: [m for m in v.split(",") if m], default=list(METHODS),
+                    help=f"which methods to time, comma-separated (default all: {','.join(METHODS)})")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
                     "scheduling), recorded with the run")
     C.add_report_only(ap)
     args = ap.parse_args()
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown or not args.methods:
+        ap.error(f"--methods: {', '.join(unknown) or 'none given'}; choose from {', '.join(METHODS)}")
     if C.reported_again(args, report):
         return
     if args.backend == "sglang":
