@@ -83,10 +83,9 @@ class EpisodesMixin(EngineBase):
             max_in_flight: the most turns in flight at once (server-side requests).
             batch_turns: send the turns that are ready together as one batched /generate; False:
                 one request per turn, each answered as soon as its sample finishes. A batch is
-                answered when its longest turn finishes: with turns of one length it gave 1.04-1.27x
-                the tokens/s of one request per turn on an H200 (docs/benchmarks.md, "Multi-turn
-                episodes"); with turns of very different lengths, False lets each episode go on
-                when its own turn ends (not measured).
+                answered when its longest turn finishes, and still it was faster on an H200
+                (docs/benchmarks.md, "Multi-turn episodes"): 1.04-1.27x the tokens/s of one
+                request per turn with turns of one length, 1.60x with turns ending at EOS.
 
         Raises:
             TypeError / ValueError: bad prompts, env or options (nothing was sent).

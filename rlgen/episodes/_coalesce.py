@@ -12,8 +12,10 @@ docs/benchmarks.md "Multi-turn episodes"), because every request costs its HTTP 
 server's per-request handling. Episodes that run in step (every episode's turn k answered by the
 same batch, then its environment step) reach the batcher within milliseconds of each other, so
 their next turns leave together. A batch's answer comes back when its longest sample finishes, as
-a `generate()` request's does. Measured on episodes (256 x 4 turns of 64 or 256 tokens, every turn the
-same length): 1.04-1.27x the tokens/s of one request per turn in five runs, significant in one.
+a `generate()` request's does. Measured on episodes (256 x 4 turns on an H200): with every turn
+one length (64 or 256 tokens), 1.04-1.27x the tokens/s of one request per turn in five runs,
+significant in one; with turns ending at EOS (up to 128 tokens, so a batch waits for its longest),
+1.60x [1.36-1.88].
 
 Knows nothing about episodes, environments or templates: it posts payloads with a client and
 returns answers. Aborting is the caller's (every rid it sends is the caller's to abort).
