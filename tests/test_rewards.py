@@ -257,7 +257,7 @@ def test_a_function_that_hangs_on_every_row_is_called_no_more_after_3_timeouts_i
     assert (res.df["reward_exact_status"] == "ok").all() and res.df["reward"].notna().all()
     assert "hangs stopped after 3 timeouts in a row" in shown[-1] and " skipped" in shown[-1]
     flags = "\n".join(res.reward_summary().flags)
-    assert "hangs: stopped after 3 timeouts in a row;" in flags
+    assert f"hangs: stopped after {timeouts} timeouts in a row;" in flags  # the rows' streak, as above
 
 
 def test_inline_mode_lets_an_exception_raise_where_it_can_be_debugged() -> None:
