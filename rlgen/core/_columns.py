@@ -3,16 +3,18 @@
 Owns: rlgen's own DataFrame columns (`COLUMNS`, in order), the columns the client adds where they
 apply (`CLIENT_COLUMNS`), those of a multi-turn episode's row (`EPISODE_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
 to tell the per-function reward columns rlgen wrote from a user's own columns that happen to start
-with `reward_` (`reward_output_columns`), and the names a user's per-prompt data may not take
-(`RESERVED_DATA_NAMES`). Knows nothing about DataFrames, rewards or servers: these are names.
+with `reward_` (`reward_output_columns`), the names a user's per-prompt data may not take
+(`RESERVED_DATA_NAMES`), and what an `adapter` cell says (`adapter_of`: a missing one is the base
+model). Knows nothing about DataFrames, rewards or servers: these are names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "reward_output_columns",
-           "scored_reward_names"]
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "adapter_of",
+           "reward_output_columns", "scored_reward_names"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
 # rewards) come after them.
@@ -56,3 +58,11 @@ def reward_output_columns(columns: Iterable[str]) -> list[str]:
     owned = {f"reward_{s}" for s in scored}
     return [c for c in names if c in GROUP_COLUMNS or c in owned
             or any(c.startswith(f"reward_{s}_") for s in scored)]
+
+
+def adapter_of(value: Any) -> str | None:
+    """The LoRA adapter an `adapter` cell names; None for the base model (None, or NaN: a DataFrame
+    reads a base row's None as NaN)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return str(value)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..client._generate import GenerateJob, chunks_to_fill, run_generate
 from ..core import _loop
+from ..core._columns import adapter_of
 from ..core._errors import RequestError
 from ..core._types import Prompts
 from ..server import _info as _server_info
@@ -101,7 +102,7 @@ class ScoringMixin(AdapterChoiceMixin):
         response_ids = rollouts.id_lists("response")
         if adapter is ...:  # each row under the adapter it was sampled with
             column = rollouts.df["adapter"] if "adapter" in rollouts.df.columns else None
-            adapter = None if column is None else [None if _missing(a) else str(a) for a in column]
+            adapter = None if column is None else [adapter_of(a) for a in column]
         adapters = self._adapter_names(adapter, len(rollouts))
         entries = self._score_ids(prompt_ids, response_ids, adapters=adapters, progress=progress)
         return rollouts_from_responses(entries, prompt_ids=prompt_ids, prompt_texts=rollouts.df["prompt"].tolist(),
@@ -202,8 +203,3 @@ class ScoringMixin(AdapterChoiceMixin):
             entries.append(scored_entry(r, prompt_len=len(p), completion_ids=c,
                                         text=self.tokenizer.decode(c, skip_special_tokens=True)))
         return entries
-
-
-def _missing(value: Any) -> bool:
-    """None or a missing value (NaN) in an `adapter` column: the base model."""
-    return value is None or (isinstance(value, float) and value != value)

@@ -15,7 +15,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..core._columns import EPISODE_COLUMNS, reward_output_columns
+from ..core._columns import EPISODE_COLUMNS, adapter_of, reward_output_columns
 from ._episode_html import episode_cell, episodes_line, episodes_mask_note, episodes_repr, is_episodes, turns_html
 from ._token_html import (
     CELL_STYLE,
@@ -88,7 +88,7 @@ def _adapter_counts(r: RolloutsView) -> list[tuple[str, int]]:
         return []
     counts: dict[str, int] = {}
     for value, count in r.df["adapter"].value_counts(dropna=False, sort=False).items():
-        name = _adapter_text(value) or "base model"  # None and NaN both mean the base model
+        name = adapter_of(value) or "base model"  # None and NaN both mean the base model
         counts[name] = counts.get(name, 0) + int(count)
     if list(counts) in ([], ["base model"]):
         return []
@@ -161,13 +161,7 @@ def _prompt_cell(r: RolloutsView, pos: int, row: Any, *, max_chars: int) -> str:
 def adapter_name(row: Any) -> str | None:
     """The LoRA adapter a row was sampled with; None for the base model (the `adapter` column is
     missing, None or NaN: pandas reads a base row's None as NaN)."""
-    return _adapter_text(row.get("adapter"))
-
-
-def _adapter_text(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return str(value)
+    return adapter_of(row.get("adapter"))
 
 
 def adapter_html(row: Any) -> str:
