@@ -114,7 +114,7 @@ class RouterClient(Client):
         """Whether a request that failed with `err` (its `attempt`-th re-send so far) should go
         again: it failed as a dead worker's requests do (unreachable or 5xx), a worker's process
         has died (so that is the likely cause) and another one still runs. Never with no worker left."""
-        if attempt >= self.resend_limit or self.workers_alive is None or not _transient(err):
+        if self.workers_alive is None or not self._may_ever_resend(err, attempt):
             return False
         alive = self.workers_alive()
         if any(alive.values()) and not all(alive.values()):
@@ -126,15 +126,20 @@ class RouterClient(Client):
         """`may_resend`, allowing for a worker whose death does not show yet: when the error is one
         a dead worker's request gets and every worker still looks alive, look again for up to
         `grace_s` seconds before saying no (a request that fails while no worker dies still fails)."""
-        if attempt >= self.resend_limit or self.workers_alive is None or not _transient(err):
+        workers_alive = self.workers_alive
+        if workers_alive is None or not self._may_ever_resend(err, attempt):
             return False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while not self.may_resend(err, attempt):
-            if not any(self.workers_alive().values()) or loop.time() >= deadline:
+            if not any(workers_alive().values()) or loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+    def _may_ever_resend(self, err: RequestError, attempt: int) -> bool:
+        """What no worker's death changes: re-sends left, and an error a dead worker's request gets."""
+        return attempt < self.resend_limit and _transient(err)
 
     def live_worker(self) -> Client | None:
         """A worker whose process runs (in turn), for a re-send: straight to it, since the router may
