@@ -6,9 +6,9 @@ import html
 import math
 import re
 
+from rlgen.client._answer import failed_entry
 from rlgen.rollouts import Rollouts, rollouts_from_responses
 from rlgen.rollouts._display import engine_html, logprob_color, rollouts_html
-from rlgen.rollouts._response_arrays import failed_entry
 from rlgen.rollouts._token_text import TokenText
 
 

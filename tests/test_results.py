@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlgen import compare_logprobs
+from rlgen.client._answer import failed_entry
 from rlgen.rollouts import Rollouts, rollouts_from_responses
-from rlgen.rollouts._response_arrays import failed_entry
 
 PAD = 0
 

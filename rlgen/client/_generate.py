@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core._errors import RequestError, ServerRequestError
+from ._answer import read_answer, seeded_sampling
 from ._http import Client
 
 __all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "gather_or_abort", "new_rid", "request_size",
@@ -223,8 +224,7 @@ def _single_spans(job: GenerateJob) -> tuple[list[tuple[int, int]], int]:
 
 
 def _completion_tokens(entry: dict[str, Any] | None) -> int:
-    meta = (entry or {}).get("meta_info") or {}
-    value = meta.get("completion_tokens")
+    value = read_answer(entry).completion_tokens if entry is not None else None
     return int(value) if isinstance(value, int) else 0
 
 
@@ -250,10 +250,8 @@ def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], l
     ids = [p for p in prompts for _ in range(job.n)]
     rids = [new_rid() for _ in ids]
     sampling: Any = job.sampling
-    if job.n > 1 and sampling.get("sampling_seed") is not None:
-        # One seed for n copies of a prompt would draw n identical samples: seed + sample index.
-        seed = sampling["sampling_seed"]
-        sampling = [{**job.sampling, "sampling_seed": seed + j} for _ in prompts for j in range(job.n)]
+    if _seeded_copies(job):  # one seed for n copies of a prompt would draw n identical samples
+        sampling = [seeded_sampling(job.sampling, j) for _ in prompts for j in range(job.n)]
     payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids}
     for name, values in job.per_prompt.items():
         payload[name] = [v for v in values[start:stop] for _ in range(job.n)]
@@ -272,7 +270,7 @@ def _single_payload(job: GenerateJob, first: int, stop: int) -> tuple[dict[str, 
     rid = new_rid()
     sampling = job.sampling
     if _seeded_copies(job):  # one sample per request: sample j gets seed + j, as in a batched request
-        sampling = {**sampling, "sampling_seed": sampling["sampling_seed"] + first % job.n}
+        sampling = seeded_sampling(sampling, first % job.n)
     payload: dict[str, Any] = {"input_ids": ids if count == 1 else [ids] * count, "sampling_params": sampling,
                                "rid": rid}
     for name, values in job.per_prompt.items():
@@ -304,7 +302,7 @@ async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, An
         else:
             gaps.setdefault(index, []).append(now - last_seen[index])
         last_seen[index] = now
-        if chunk["meta_info"].get("finish_reason") is not None:
+        if read_answer(chunk).finish != "unknown":  # its last chunk says how it finished
             finals[index] = chunk
     if len(finals) != count:  # a stream that ends early must not leave samples silently unanswered
         raise RequestError(f"the stream ended with {len(finals)} of its {count} samples finished",

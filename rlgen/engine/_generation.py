@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
+from ..client._answer import failed_entry, read_answer
 from ..client._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
 from ..client._prompts import PromptBatch, prompt_data
 from ..core import _loop, _options
@@ -54,15 +55,6 @@ class _Call:
     adapters: list[str | None] | None = None  # each prompt's LoRA adapter; None: the base model for all
     keys: list[str] | None = None     # the cache key of each of the call's prompts
     hits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # prompt position -> stored answers
-
-
-def _finished(answer: dict[str, Any]) -> bool:
-    """Whether a server answer is a whole sample (finished by a stop or the length limit)."""
-    finish = (answer.get("meta_info") or {}).get("finish_reason")
-    kind = finish.get("type") if isinstance(finish, dict) else finish
-    return kind in ("stop", "length")
-
-
 
 
 class GenerationMixin(AdapterChoiceMixin):
@@ -263,14 +255,13 @@ class GenerationMixin(AdapterChoiceMixin):
 
     def _rollouts(self, call: _Call, *, failed: bool = False) -> Rollouts:
         from ..rollouts._build import rollouts_from_responses
-        from ..rollouts._response_arrays import failed_entry
 
         job, batch, n = call.job, call.batch, call.job.n
         sent: list[dict[str, Any] | None] = list(job.results) or [None] * job.n_samples
         if call.keys is not None and self._completions is not None and not failed:
             for j, i in enumerate(call.sent):  # store each prompt whose n samples all finished
                 answers = sent[j * n:(j + 1) * n]
-                if all(a is not None and _finished(a) for a in answers):
+                if all(a is not None and read_answer(a).finished for a in answers):
                     self._completions.put(call.keys[i], [a for a in answers if a is not None])
         responses: list[dict[str, Any] | None] = [None] * (len(batch.ids) * n)
         for i, stored in call.hits.items():

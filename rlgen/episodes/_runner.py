@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..client._answer import read_answer, seeded_sampling
 from ..client._generate import gather_or_abort, new_rid
 from ..client._http import Client
 from ..core._errors import RequestError
@@ -123,11 +124,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     async def generate(ids: list[int], budget: int, sample_index: int) -> tuple[dict[str, Any], float, float]:
         """(the answer, its latency, the runner's own seconds building the payload)."""
         t = time.perf_counter()
-        turn_params = {**params, "max_new_tokens": budget}
-        if turn_params.get("sampling_seed") is not None:
-            # One seed for the n episodes of a prompt would draw n identical episodes: seed + sample
-            # index, as generate() does for its n samples.
-            turn_params["sampling_seed"] = int(turn_params["sampling_seed"]) + sample_index
+        # n episodes of a seeded prompt: episode j draws with seed + j, as generate()'s samples do.
+        turn_params = seeded_sampling({**params, "max_new_tokens": budget}, sample_index)
         own = time.perf_counter() - t
         async with limiter:
             t = time.perf_counter()
@@ -191,15 +189,11 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                 record.status, record.error = "request_error", f"turn {turn}: {e}"
                 return None
             t = time.perf_counter()
-            meta = answer.get("meta_info") or {}
-            sampled = [int(i) for i in answer.get("output_ids") or []]
-            lps = [float(x[0]) if x and x[0] is not None else 0.0 for x in meta.get("output_token_logprobs") or []]
-            if len(lps) != len(sampled):
-                lps = (lps + [0.0] * len(sampled))[: len(sampled)]
-            finish = meta.get("finish_reason")
-            finish_type = finish.get("type") if isinstance(finish, dict) else finish
-            if finish_type == "abort":
-                record.status, record.error = "request_error", f"turn {turn}: the server aborted the request: {finish}"
+            read = read_answer(answer)
+            sampled = [int(i) for i in read.output_ids or []]
+            lps = read.token_logprobs() if read.output_ids is not None else []
+            if read.finish == "abort":
+                record.status, record.error = "request_error", f"turn {turn}: the server aborted the request: {read.meta.get('finish_reason')}"
                 return None
             record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
             text_ids = sampled[:-1] if sampled and sampled[-1] == eos else sampled
@@ -208,10 +202,10 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             assistant: dict[str, Any] = {
                 "turn": turn, "role": "assistant", "text": text, "tokens": len(sampled),
                 "logprob_mean": sum(lps) / len(lps) if lps else None, "tool_calls": None, "tool_calls_failed": None,
-                "finish_reason": finish_type, "cached_tokens": int(meta.get("cached_tokens") or 0),
-                "prompt_tokens": int(meta.get("prompt_tokens") or len(record.ids) - len(sampled)),
-                "latency_s": latency, "rid": meta.get("id"), "weight_version": meta.get("weight_version"),
-                "matched_stop": finish.get("matched") if isinstance(finish, dict) else None,
+                "finish_reason": read.finish if read.finish != "unknown" else None, "cached_tokens": read.cached_tokens,
+                "prompt_tokens": int(read.prompt_tokens or len(record.ids) - len(sampled)),
+                "latency_s": latency, "rid": read.rid, "weight_version": read.weight_version,
+                "matched_stop": read.matched_stop,
             }
             record.turns.append(assistant)
             record.extend(closing_ids(tokenizer, sampled), role="env", turn=turn)

@@ -40,7 +40,7 @@ def rollouts_from_responses(
 
     Args:
         responses: one decoded entry per sample (`{"text", "output_ids", "meta_info"}`), in
-            prompt-major order. A failed sample is None or `failed_entry(...)` (`rollouts._response_arrays`);
+            prompt-major order. A failed sample is None or `failed_entry(...)` (`client._answer`);
             it still gets a row (finish_reason "error"/"abort", empty output).
         prompt_ids: token ids of each prompt (len = number of prompts).
         prompt_texts: each prompt's text (None for prompts given as ids).

@@ -1,11 +1,12 @@
 """SGLang `/generate` response entries, parsed into per-row values and flat numpy token arrays.
 
-Owns: reading decoded entries (`{"text", "output_ids", "meta_info"}`, None, or an error object) in
-one Python pass over rows, never over tokens; the per-token lists of `meta_info` (output logprobs,
+Owns: turning decoded entries (`{"text", "output_ids", "meta_info"}`, None, or an error object),
+each read by `client._answer.read_answer`, into columns in one Python pass over rows, never over
+tokens; the per-token lists of `meta_info` (output logprobs,
 top-k, token texts, prompt logprobs) as flat arrays built in C (`np.fromiter` over chained lists);
 the alignment guard (each logprob names its token id, which must match the ids it belongs to: rows
 where it does not get NaN logprobs and a note); per-row logprob sums; and the entry that stands in
-for a failed sample, or for a scored completion. Knows nothing about pandas, torch, HTTP or `Rollouts`: `Rollouts.from_responses`
+for a scored completion. Knows nothing about pandas, torch, HTTP or `Rollouts`: `Rollouts.from_responses`
 (`rollouts/_rollouts.py`) validates its arguments, calls `parse_responses` and builds the DataFrame.
 
 Flat arrays follow `core/_ragged.py`'s layout (values plus row offsets); missing values are NaN (floats),
@@ -24,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from ..client._answer import read_answer
 from ..core._ragged import gather_rows, row_offsets
 
-__all__ = ["ParsedResponses", "failed_entry", "gc_paused", "parse_responses", "scored_entry"]
+__all__ = ["ParsedResponses", "gc_paused", "parse_responses", "scored_entry"]
 
 # Per-row values read from each entry, named as the DataFrame columns they become.
 ROW_FIELDS = (
@@ -61,14 +63,6 @@ class ParsedResponses:
     logprob_sum: np.ndarray  # float64 per row; NaN without (aligned) logprobs
     logprob_mean: np.ndarray
     bad: dict[int, str]  # row -> why its logprobs do not line up with its tokens
-
-
-def failed_entry(message: str, *, reason: str = "error", rid: str | None = None) -> dict[str, Any]:
-    """A response entry for a failed or aborted sample: empty output, `reason` and `message`."""
-    if reason not in ("error", "abort"):
-        raise ValueError(f"reason must be 'error' or 'abort', got {reason!r}")
-    finish = {"type": reason, "message": str(message)}
-    return {"text": "", "output_ids": [], "meta_info": {"id": rid, "finish_reason": finish, "completion_tokens": 0}}
 
 
 def scored_entry(entry: dict[str, Any], *, prompt_len: int, completion_ids: list[int], text: str) -> dict[str, Any]:
@@ -120,32 +114,24 @@ def parse_responses(
     cols: dict[str, list[Any]] = {c: [] for c in ROW_FIELDS}
     id_rows, lp_rows, top_rows, in_rows, metas, completions = [], [], [], [], [], []
     for i, entry in enumerate(responses):
-        entry = _normalise_entry(entry, i)
-        meta = entry.get("meta_info") or {}
-        out_lp = meta.get("output_token_logprobs")
-        ids = entry.get("output_ids")
-        if ids is None:
-            ids = [t[1] for t in out_lp] if out_lp else []
+        answer = read_answer(entry, i)
+        ids = answer.ids()
         id_rows.append(ids)
-        lp_rows.append(out_lp)
-        top_rows.append(meta.get("output_top_logprobs"))
-        in_rows.append(meta.get("input_token_logprobs"))
-        completions.append(entry.get("text") or "")
-        fr = meta.get("finish_reason")
-        fr = fr if isinstance(fr, dict) else ({"type": fr} if isinstance(fr, str) else {})
-        kind = fr.get("type") or "unknown"
-        cols["finish_reason"].append(str(kind))
-        cols["matched_stop"].append(fr.get("matched"))
-        prompt_tokens, completion_tokens = meta.get("prompt_tokens"), meta.get("completion_tokens")
-        cols["prompt_tokens"].append(len(prompt_ids[i // n]) if prompt_tokens is None else prompt_tokens)
-        cols["completion_tokens"].append(len(ids) if completion_tokens is None else completion_tokens)
-        cols["cached_tokens"].append(meta.get("cached_tokens") or 0)
+        lp_rows.append(answer.output_logprobs)
+        top_rows.append(answer.output_top_logprobs)
+        in_rows.append(answer.input_logprobs)
+        completions.append(answer.text)
+        cols["finish_reason"].append(answer.finish)
+        cols["matched_stop"].append(answer.matched_stop)
+        cols["prompt_tokens"].append(len(prompt_ids[i // n]) if answer.prompt_tokens is None else answer.prompt_tokens)
+        cols["completion_tokens"].append(len(ids) if answer.completion_tokens is None else answer.completion_tokens)
+        cols["cached_tokens"].append(answer.cached_tokens)
         # e2e_latency is the batched request's time (most rows of one request get the same value).
-        cols["request_latency_s"].append(meta.get("e2e_latency", np.nan))
-        cols["weight_version"].append(meta.get("weight_version"))
-        cols["rid"].append(meta.get("id"))
-        cols["error"].append((fr.get("message") or None) if kind in ("abort", "error") else None)
-        metas.append({k: v for k, v in meta.items() if k not in _PER_TOKEN_KEYS})
+        cols["request_latency_s"].append(answer.latency_s)
+        cols["weight_version"].append(answer.weight_version)
+        cols["rid"].append(answer.rid)
+        cols["error"].append(answer.message)
+        metas.append({k: v for k, v in answer.meta.items() if k not in _PER_TOKEN_KEYS})
 
     # 2) flat token arrays, built in C (fromiter over chained lists)
     n_prompts, n_rows = len(prompt_ids), len(responses)
@@ -193,17 +179,6 @@ def _flat_floats(rows: list[Any], total: int, col: int = 0) -> np.ndarray:
     # map(itemgetter) + fromiter runs in C, far faster than np.asarray per row (bench/client_overhead.py
     # --options compares them). fromiter turns None into NaN (prompt logprob 0).
     return np.fromiter(map(itemgetter(col), chain.from_iterable(rows)), np.float32, total)
-
-
-def _normalise_entry(entry: Any, i: int) -> dict[str, Any]:
-    if entry is None:
-        return failed_entry("no response for this sample")
-    if not isinstance(entry, dict):
-        raise TypeError(f"response {i} must be a dict (an SGLang /generate entry) or None, got {type(entry).__name__}")
-    if "meta_info" not in entry and "error" in entry:  # an error object in place of an entry
-        err = entry["error"]
-        return failed_entry(err.get("message", str(err)) if isinstance(err, dict) else str(err))
-    return entry
 
 
 def _output_logprobs(
