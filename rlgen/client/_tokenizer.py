@@ -6,10 +6,10 @@ frozen state a `LightTokenizer` serves it from. Knows nothing about servers, eng
 
 Why: `AutoTokenizer` lives in `transformers.models.auto`, whose imports pull in torch, sympy
 (through `torch.distributed`), `transformers.generation` and, where they are installed,
-`torch._dynamo`, FSDP and sklearn: 5-6 s in a fresh process on a CPU machine, 7-11 s on the GPU
-machine. Even the class it returns is not enough to avoid them: `import transformers` alone took
-1.6 s on the H200 machine, and `PreTrainedTokenizerFast.from_pretrained` imported torch there
-(transformers 5.17; not on 5.24). `tokenizers` reads a tokenizer.json in 0.1-0.3 s.
+`torch._dynamo`, FSDP and sklearn: seconds in a fresh process. Even the class it returns is not
+enough to avoid them: `PreTrainedTokenizerFast.from_pretrained` imported torch on transformers
+5.17 (not on 5.24), while `tokenizers` alone reads a tokenizer.json in a fraction of a second.
+The timings are in docs/benchmarks.md, "Reattach".
 
 How, per local checkout (a directory):
 
