@@ -17,6 +17,11 @@ Owns: turning what the user passes as `env=` into one object the episode runner 
   tool's status ("tool_error", "tool_timeout", "bad_arguments", "not_serialisable"), or, with
   `on_tool_error="reply"`, answers the model with the error text and goes on.
 
+What is wrong with `env=` itself is refused by `as_environment` before anything runs (TypeError /
+ValueError): an instance where each episode needs its own, an async generator function (it would
+yield, never return, the step's messages), a timeout that is not a positive number of seconds or
+None (`core._options.check_seconds`, add_rewards' rule; `tool_env(timeout=)` too).
+
 Every step is an `EnvReply`: the new messages, whether the episode is done, and a failure status
 that ends the episode (the others go on): "env_error" (the environment raised; `traceback` kept),
 "env_timeout" (a step outlived `timeout`; a sync step's thread cannot be stopped and is left to
