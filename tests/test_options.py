@@ -8,10 +8,12 @@ import pytest
 
 import rlgen
 from rlgen.core._options import (
+    EpisodeOptions,
     GenerateOptions,
     RewardOptions,
     SamplingOptions,
     StreamOptions,
+    check_seconds,
     defaults,
     resolve,
     to_sglang,
@@ -99,3 +101,42 @@ def test_the_options_are_declared_once_and_shared_by_the_three_schemas() -> None
     sampling, stream, generate = (set(defaults(s)) for s in (SamplingOptions, StreamOptions, GenerateOptions))
     assert sampling < stream < generate
     assert "max_new_tokens" in sampling and "n" in generate - stream
+
+
+def test_episodes_shows_every_option_of_its_schema_after_env() -> None:
+    params = inspect.signature(rlgen.Engine.episodes).parameters
+    keyword = [name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keyword[0] == "env" and params["env"].default is inspect.Parameter.empty
+    assert {name: params[name].default for name in keyword[1:]} == defaults(EpisodeOptions)
+    for name in keyword[1:]:
+        assert f"\n    {name}=" in (rlgen.Engine.episodes.__doc__ or "")
+
+
+def test_the_episode_options_share_the_sampling_declarations_rather_than_copy_them() -> None:
+    from typing import get_type_hints
+
+    sampling, episode, stream = (get_type_hints(s, include_extras=True) for s in
+                                 (SamplingOptions, EpisodeOptions, StreamOptions))
+    assert set(sampling) < set(episode) and "adapter" not in episode and "chunk_size" not in episode
+    def declared(hint: object) -> tuple:
+        option = hint.__metadata__[0]  # type: ignore[attr-defined]
+        return option.default, option.doc, option.sglang, option.always_sent
+
+    for name in (*sampling, "sampling_params"):  # inherited (or one alias): the same declaration
+        assert declared(episode[name]) == declared(sampling.get(name) or stream[name])
+
+
+def test_sampling_seed_is_seed_under_sglangs_name_and_the_two_may_not_disagree() -> None:
+    assert to_sglang(resolve(EpisodeOptions, {"sampling_seed": 4}))["sampling_seed"] == 4
+    assert resolve(EpisodeOptions, {"sampling_seed": 4, "seed": 4})["seed"] == 4
+    with pytest.raises(ValueError, match="seed=1 and sampling_seed=2 name one seed"):
+        resolve(EpisodeOptions, {"seed": 1, "sampling_seed": 2})
+    with pytest.raises(TypeError, match="unknown option 'sampling_seed'"):
+        resolve(GenerateOptions, {"sampling_seed": 4})  # generate's name stays seed=
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "5", True])
+def test_a_timeout_is_a_positive_number_of_seconds_or_none(value: object) -> None:
+    assert check_seconds("t", None) is None and check_seconds("t", 2) == 2.0
+    with pytest.raises(ValueError, match="t must be a positive number of seconds or None"):
+        check_seconds("t", value)

@@ -2,7 +2,8 @@
 
 Owns: the name, type, default, one-line doc and check of every option that `Engine.generate`,
 `Engine.agenerate` and `Engine.stream` take (SGLang's sampling parameters plus rlgen's own, such
-as `n` and `chunk_size`), and of `Rollouts.add_rewards`' options; checking a call's options
+as `n` and `chunk_size`), of `Engine.episodes` (the same sampling parameters, plus its own such as
+`max_turns` and `env_timeout`), and of `Rollouts.add_rewards`' options; checking a call's options
 before anything runs (TypeError / ValueError that say what to change, "did you mean" for a
 misspelt name); the `sampling_params` dict SGLang's `/generate` takes; and the signatures and docs
 that `help()`, Jupyter and IDEs show. Knows nothing about prompts, HTTP, results or rewards: only
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict, TypeVar, get_type_hints
 
 __all__ = [
+    "EpisodeOptions",
     "GenerateOptions",
     "LoraOptions",
     "Option",
@@ -32,6 +34,7 @@ __all__ = [
     "StreamOptions",
     "adapters_per_prompt",
     "cache_mode",
+    "check_seconds",
     "defaults",
     "lora_options",
     "resolve",
@@ -218,11 +221,15 @@ class SamplingOptions(TypedDict, total=False):
                                          "no_stop_trim")]
 
 
+# Declared once, taken by stream/generate and by episodes.
+_SglangExtras = Annotated[Mapping[str, Any] | None, Option(
+    None, "further SGLang sampling parameters, sent as they are (e.g. {'frequency_penalty': 0.5})", _mapping)]
+
+
 class StreamOptions(SamplingOptions, total=False):
     """`Engine.stream()`'s options: the sampling parameters, plus SGLang's own extras."""
 
-    sampling_params: Annotated[Mapping[str, Any] | None, Option(
-        None, "further SGLang sampling parameters, sent as they are (e.g. {'frequency_penalty': 0.5})", _mapping)]
+    sampling_params: _SglangExtras
     adapter: Annotated[str | Sequence[str | None] | None, Option(
         None, "the LoRA adapter to sample with (loaded with eng.load_adapter), or one per prompt (None = the base "
         "model): base and adapters share one batch; rows record it in the `adapter` column", _adapter)]
@@ -265,7 +272,10 @@ def _choice(*allowed: str) -> Check:
     return check
 
 
-def _seconds(name: str, value: Any) -> float | None:
+def check_seconds(name: str, value: Any) -> float | None:
+    """A timeout option's value: a positive finite number of seconds, or None (no limit); the one
+    rule for every timeout rlgen takes (add_rewards' `timeout`, episodes' `env_timeout`,
+    `tool_env(timeout=)`)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -292,7 +302,7 @@ class RewardOptions(TypedDict, total=False):
         "(cheap functions; a timeout stops waiting only) or 'inline' (here; exceptions raise, for %debug)",
         _choice("process", "thread", "inline"))]
     timeout: Annotated[float | None, Option(30.0, "seconds one call may take (process, thread); None: no limit",
-                                            _seconds)]
+                                            check_seconds)]
     workers: Annotated[int | None, Option(None, "processes or threads; default: the CPUs this process may use",
                                           _optional_count(1, "the CPU count"))]
     batch_size: Annotated[int, Option(64, "rows per call for batch (TRL-style) functions", _count(1))]
@@ -303,6 +313,46 @@ class RewardOptions(TypedDict, total=False):
     progress: Annotated[bool | None, Option(
         None, "a progress line (one score per row and function): True, False, None = once scoring has taken a second",
         _optional_flag)]
+
+
+def _template_text(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"{name} must be a Jinja chat template (a non-empty str), or None for the model's own; "
+                        f"got {value!r}"[:300])
+    return value
+
+
+def _per_prompt(name: str, value: Any) -> Any:
+    if value is None or isinstance(value, Mapping) or (isinstance(value, Sequence) and not isinstance(value, (str, bytes))):
+        return value  # its length and names are checked against the prompts (`episodes._runner.episode_data`)
+    raise TypeError(f"{name} must be None, a list with one item per prompt, or a dict of such lists; "
+                    f"got {type(value).__name__}")
+
+
+class EpisodeOptions(SamplingOptions, total=False):
+    """`Engine.episodes()`' options: the sampling parameters (per assistant turn), plus its own."""
+
+    sampling_params: _SglangExtras
+    sampling_seed: Annotated[int | None, Option(
+        None, "seed= under SGLang's name (which episodes() took first); give one of the two", _seed)]
+    n: Annotated[int, Option(1, "episodes per prompt", _count(1))]
+    max_turns: Annotated[int, Option(4, "the most assistant turns per episode ('max_turns' after)", _count(1))]
+    data: Annotated[Any, Option(
+        None, "one item per prompt (or a dict of per-prompt lists), given to the environment; a dict's keys "
+        "become columns of .df", _per_prompt)]
+    env_timeout: Annotated[float | None, Option(
+        30.0, "seconds per environment step ('env_timeout' after); None: no limit", check_seconds)]
+    chat_template: Annotated[str | None, Option(
+        None, "render the turns with this Jinja chat template instead of the model's (e.g. a thinking template "
+        "that rewrites history, to see its drift)", _template_text)]
+    progress: Annotated[bool | None, Option(
+        None, "a progress line: True, False, None = the Engine's setting", _optional_flag)]
+    max_in_flight: Annotated[int, Option(256, "the most turns in flight at once (server-side requests)", _count(1))]
+    batch_turns: Annotated[bool, Option(
+        True, "send the turns that are ready together as one batched /generate (docs/benchmarks.md, "
+        "'Multi-turn episodes'); False: one request per turn, each answered as soon as its sample finishes", _flag)]
 
 
 # SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates
@@ -392,6 +442,10 @@ def resolve(schema: Schema, options: Mapping[str, Any]) -> dict[str, Any]:
         out[name] = option.check(name, value) if option.check is not None else value
     if "min_new_tokens" in out and out["min_new_tokens"] > out["max_new_tokens"]:
         raise ValueError(f"min_new_tokens ({out['min_new_tokens']}) must not exceed max_new_tokens ({out['max_new_tokens']})")
+    if out.get("sampling_seed") is not None:  # EpisodeOptions' older name of `seed`: one seed, read as `seed`
+        if out["seed"] is not None and out["seed"] != out["sampling_seed"]:
+            raise ValueError(f"seed={out['seed']} and sampling_seed={out['sampling_seed']} name one seed; give one")
+        out["seed"] = out["sampling_seed"]
     extra = out.get("sampling_params")
     if extra:
         clash = sorted(set(extra) & {o.sglang for _, o in fields.values() if o.sglang})

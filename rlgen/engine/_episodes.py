@@ -1,45 +1,29 @@
 """Multi-turn episodes: `Engine.episodes`.
 
-Owns: checking a call's prompts (chats, or strings made into one user message each), running the
-episode runner (`rlgen.episodes.run_episodes`) on the background loop with the Engine's client,
-tokenizer (or one with another chat template) and context length, the call's record (as
-generate's), its progress line, and Ctrl-C (every episode is kept in `last_episodes`, the
-unfinished ones aborted on the server and marked "cancelled"). Knows nothing about how
-an episode runs (`rlgen.episodes`) or about server processes, scoring or weights.
+Owns: `Engine.episodes`' signature and options (declared in `core._options.EpisodeOptions`, checked
+before anything is sent), building the environment once, running the episode runner
+(`rlgen.episodes.run_episodes`) on the background loop with the Engine's client, tokenizer (or one
+with another chat template) and context length, the call's record (as generate's), its progress
+line, and Ctrl-C (every episode is kept in `last_episodes`, the unfinished ones aborted on the
+server and marked "cancelled"). Knows nothing about how an episode runs or how its prompts and data
+are checked (`rlgen.episodes`), nor about server processes, scoring or weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..core import _loop
+from typing_extensions import Unpack
+
+from ..core import _loop, _options
+from ..core._options import EpisodeOptions, takes_options
 from ..episodes import EpisodeRecord, Episodes, as_environment, episodes_from_records, run_episodes
+from ..episodes._runner import episode_prompts
 from ._base import EngineBase
 from ._startup import pad_id
 
-__all__ = ["EpisodesMixin", "episode_prompts"]
-
-
-def episode_prompts(prompts: Any) -> list[list[dict[str, Any]]]:
-    """Prompts as chats: one chat (a list of message dicts), a string, or a list of chats / strings
-    (a string becomes one user message)."""
-    def chat(p: Any, where: str) -> list[dict[str, Any]]:
-        if isinstance(p, str):
-            return [{"role": "user", "content": p}]
-        if isinstance(p, Sequence) and p and all(isinstance(m, Mapping) for m in p):
-            for m in p:
-                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                    raise ValueError(f"{where}: every message needs a str 'role' and 'content', got {dict(m)!r}")
-            return [dict(m) for m in p]
-        raise TypeError(f"{where} must be a chat (a list of {{'role', 'content'}} dicts) or a str, "
-                        f"got {type(p).__name__}")
-
-    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], Mapping)):
-        return [chat(prompts, "prompts")]
-    if not isinstance(prompts, Sequence) or not prompts:
-        raise TypeError("prompts must be a chat, a str, or a non-empty list of chats / strs")
-    return [chat(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+__all__ = ["EpisodesMixin"]
 
 
 class EpisodesMixin(EngineBase):
@@ -51,10 +35,8 @@ class EpisodesMixin(EngineBase):
         def _run_record(self, *, started: float, sampling: dict[str, Any], weight_versions: Sequence[Any],
                         cache: dict[str, int] | None) -> dict[str, Any]: ...
 
-    def episodes(self, prompts: Any, *, env: Any, n: int = 1, max_turns: int = 4, max_new_tokens: int = 128,
-                 temperature: float = 1.0, data: Any = None, env_timeout: float | None = 30.0,
-                 chat_template: str | None = None, progress: bool | None = None, max_in_flight: int = 256,
-                 batch_turns: bool = True, **sampling: Any) -> Episodes:
+    @takes_options(EpisodeOptions)
+    def episodes(self, prompts: Any, *, env: Any, **options: Unpack[EpisodeOptions]) -> Episodes:
         """Run `n` multi-turn episodes per prompt, concurrently; returns `Episodes`, a `Rollouts`
         with a row per episode (`.df`; `.turns` a row per turn; `.tensors()` with `loss_mask`,
         `turn_ids` and `roles`; `.check_drift()`; rewards, parquet, the view as for `generate`).
@@ -69,64 +51,56 @@ class EpisodesMixin(EngineBase):
                 (a str, a message dict, a list of them) or None / "done"; a class with
                 `reset(data)` / `step(messages)` (one instance per episode) or a factory of such
                 objects; or `rlgen.episodes.tool_env(tools)` (or a list of tool functions).
-            n: episodes per prompt.
-            max_turns: the most assistant turns per episode.
-            max_new_tokens: per assistant turn.
-            temperature: sampling temperature; `**sampling`: other SGLang sampling_params (top_p,
-                stop, ...).
-            data: one item per prompt (or a dict of per-prompt columns), given to the environment;
-                a dict's keys become columns of `.df`.
-            env_timeout: seconds per environment step ("env_timeout" after).
-            chat_template: render the turns with this Jinja chat template instead of the model's
-                (e.g. a thinking template that rewrites history, to see its drift).
-            progress: show a progress line (None: the Engine's setting).
-            max_in_flight: the most turns in flight at once (server-side requests).
-            batch_turns: send the turns that are ready together as one batched /generate; False:
-                one request per turn, each answered as soon as its sample finishes. A batch is
-                answered when its longest turn finishes, and still it was faster on an H200
-                (docs/benchmarks.md, "Multi-turn episodes"): 1.04-1.27x the tokens/s of one
-                request per turn with turns of one length, 1.60x with turns ending at EOS.
+
+        The options (below) are generate()'s sampling parameters, per assistant turn (`seed=`, or
+        its SGLang name `sampling_seed=`: episode j of a prompt draws with seed + j), and the
+        episodes' own; every one is checked before anything is sent.
 
         Raises:
-            TypeError / ValueError: bad prompts, env or options (nothing was sent).
+            TypeError / ValueError: bad prompts, env, data or options, or a chat template that does
+                not compile (nothing was sent).
             KeyboardInterrupt: Ctrl-C; in-flight requests were aborted on the server, and
                 `eng.last_episodes` holds every episode (the unfinished ones "cancelled").
         """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(EpisodeOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
         import time
 
         self._check_ready()
         chats = episode_prompts(prompts)
-        if "max_new_tokens" in sampling or "n" in sampling:
-            raise TypeError("pass max_new_tokens= and n= as episodes() arguments")
-        tokenizer = self.tokenizer if chat_template is None else _with_template(self.tokenizer, chat_template)
-        params = {"temperature": temperature, **sampling}
-        tools = as_environment(env, timeout=env_timeout).tools  # checks env before anything is sent
+        template = opts["chat_template"]
+        tokenizer = self.tokenizer if template is None else _with_template(self.tokenizer, template)
+        environment = as_environment(env, timeout=opts["env_timeout"])  # built once: checked before anything is sent
+        sampling = _options.to_sglang(opts)
+        n, max_new_tokens = opts["n"], sampling.pop("max_new_tokens")
         records: list[EpisodeRecord] = []
         started = time.time()
         from ..core._progress import ProgressLine
 
         def result() -> Episodes:
             versions = [t.get("weight_version") for r in records for t in r.assistant_turns]
-            record = self._run_record(started=started, sampling={**params, "n": n, "max_new_tokens": max_new_tokens,
-                                                                 "max_turns": max_turns},
+            record = self._run_record(started=started, sampling={**sampling, "n": n, "max_new_tokens": max_new_tokens,
+                                                                 "max_turns": opts["max_turns"]},
                                       weight_versions=versions, cache=None)
-            if chat_template is not None:
-                record["chat_template"] = chat_template
+            if template is not None:
+                record["chat_template"] = template
             return episodes_from_records(records, pad_token_id=pad_id(self.tokenizer), tokenizer=tokenizer,
                                          model=self.model, sampling=record["sampling"], run_record=record,
-                                         tools=tools)
+                                         tools=environment.tools)
 
-        show = self._progress if progress is None else progress
+        show = self._progress if opts["progress"] is None else opts["progress"]
         with ProgressLine("episodes", total=len(chats) * n, unit="episode", show=show) as line:
             def advance(record: EpisodeRecord) -> None:
                 line.advance(1, record.sampled_tokens)
 
             try:
-                _loop.run_sync(run_episodes(self._client, tokenizer, chats, env=env, n=n, max_turns=max_turns,
-                                            max_new_tokens=max_new_tokens, sampling=params,
-                                            context_length=self.context_length, data=data, env_timeout=env_timeout,
-                                            max_in_flight=max_in_flight, records=records, on_episode=advance,
-                                            batch_turns=batch_turns),
+                _loop.run_sync(run_episodes(self._client, tokenizer, chats, env=environment, n=n,
+                                            max_turns=opts["max_turns"], max_new_tokens=max_new_tokens,
+                                            sampling=sampling, context_length=self.context_length, data=opts["data"],
+                                            max_in_flight=opts["max_in_flight"], records=records,
+                                            on_episode=advance, batch_turns=opts["batch_turns"]),
                                on_wait=line.tick)
             except BaseException:
                 if records:
@@ -139,8 +113,6 @@ class EpisodesMixin(EngineBase):
 def _with_template(tokenizer: Any, template: str) -> Any:
     """A tokenizer like `tokenizer` whose chat template is `template` (loaded anew through
     transformers, so the Engine's own is untouched)."""
-    if not isinstance(template, str) or not template.strip():
-        raise TypeError("chat_template must be a Jinja template string")
     from transformers import AutoTokenizer
 
     copy = AutoTokenizer.from_pretrained(tokenizer.name_or_path)

@@ -7,8 +7,10 @@ of its messages (`_drift`: the first divergence, its cause, a summary over episo
 (`_tools`: plain functions with a function-calling schema from their signature and docstring, called
 contained with a per-call status, through rlgen.rewards' thread runner) and reading a model's turn
 into tool calls (`_tool_calls`: the built-in "hermes" parser, SGLang's `/parse_function_call`, or a
-parser you pass); the runner (`_runner`, `_env`: episodes over `/generate` with `input_ids`) and
-the result (`_episodes.Episodes`: a `Rollouts` with a row per episode, built from the runner's
+parser you pass); environments (`_env`), one episode as named state (`_episode`: `Episode`'s start,
+sample, step and finish over `/generate` with `input_ids`, each turn a `Turn` of `_result`), the
+runner of a call's episodes and the checks of its inputs (`_runner`) and the result
+(`_episodes.Episodes`: a `Rollouts` with a row per episode, built from the runner's
 `EpisodeRecord`s). Knows nothing about launching servers or the Engine: it takes a client to post
 to, a Hugging Face tokenizer with a chat template, messages, ids and functions, and returns ids,
 records, tool results, parsed turns and `Episodes`.
@@ -28,7 +30,7 @@ from __future__ import annotations
 from ._drift import CAUSES, Drift, drift, drift_summary
 from ._env import Environment, EnvReply, EpisodeEnv, ToolEnv, as_environment, tool_env
 from ._episodes import ROLE_CODES, Episodes, episodes_from_records
-from ._result import EpisodeRecord, turns_frame
+from ._result import EpisodeRecord, Turn, turns_frame
 from ._runner import run_episodes
 from ._template import TemplateError, closing_ids, first_prompt_ids, message_delta_ids
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, parse_hermes, parse_tool_calls, parse_with_server
@@ -51,6 +53,7 @@ __all__ = [
     "ToolEnv",
     "ToolResult",
     "ToolStatus",
+    "Turn",
     "acall_tool",
     "as_environment",
     "call_tool",

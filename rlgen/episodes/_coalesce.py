@@ -6,16 +6,13 @@ parameters, its rid) and sends the requests that arrive close together as one ba
 hands each episode its own answer. A batch leaves when no request has joined it for `linger_s`,
 when it has lasted `max_wait_s`, or when it holds `max_batch` requests.
 
-Why: SGLang serves one batched request of 256 prompts about 2.4x faster than 256 requests of one
-prompt each (measured on the H200 with SmolLM2-135M: 56k vs 23k sampled tokens/s,
-docs/benchmarks.md "Multi-turn episodes"), because every request costs its HTTP round trip and the
-server's per-request handling. Episodes that run in step (every episode's turn k answered by the
-same batch, then its environment step) reach the batcher within milliseconds of each other, so
-their next turns leave together. A batch's answer comes back when its longest sample finishes, as
-a `generate()` request's does. Measured on episodes (256 x 4 turns on an H200): with every turn
-one length (64 or 256 tokens), 1.04-1.27x the tokens/s of one request per turn in five runs,
-significant in one; with turns ending at EOS (up to 128 tokens, so a batch waits for its longest),
-1.60x [1.36-1.88].
+Why: every request costs its HTTP round trip and the server's per-request handling, so SGLang
+serves one batched request of many prompts much faster than as many requests of one prompt each.
+Episodes that run in step (every episode's turn k answered by the same batch, then its environment
+step) reach the batcher within milliseconds of each other, so their next turns leave together. A
+batch's answer comes back when its longest sample finishes, as a `generate()` request's does; on
+episodes, batching was still the faster of the two, most with turns ending at EOS (the
+measurements: docs/benchmarks.md, "Multi-turn episodes").
 
 Knows nothing about episodes, environments or templates: it posts payloads with a client and
 returns answers. Aborting is the caller's (every rid it sends is the caller's to abort).

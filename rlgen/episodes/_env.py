@@ -17,6 +17,11 @@ Owns: turning what the user passes as `env=` into one object the episode runner 
   tool's status ("tool_error", "tool_timeout", "bad_arguments", "not_serialisable"), or, with
   `on_tool_error="reply"`, answers the model with the error text and goes on.
 
+What is wrong with `env=` itself is refused by `as_environment` before anything runs (TypeError /
+ValueError): an instance where each episode needs its own, an async generator function (it would
+yield, never return, the step's messages), a timeout that is not a positive number of seconds or
+None (`core._options.check_seconds`, add_rewards' rule; `tool_env(timeout=)` too).
+
 Every step is an `EnvReply`: the new messages, whether the episode is done, and a failure status
 that ends the episode (the others go on): "env_error" (the environment raised; `traceback` kept),
 "env_timeout" (a step outlived `timeout`; a sync step's thread cannot be stopped and is left to
@@ -38,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core._options import check_seconds
 from ._tool_calls import ToolCallParser, parse_tool_calls, parse_with_server
 from ._tools import Tool, acall_tool, run_contained, tools_from
 
@@ -186,6 +192,7 @@ class ToolEnv(EpisodeEnv):
                  on_tool_error: str = "end") -> None:
         if on_tool_error not in ("end", "reply"):
             raise ValueError(f"on_tool_error must be 'end' or 'reply', got {on_tool_error!r}")
+        timeout = check_seconds("tool_env(timeout=)", timeout)
         if isinstance(parser, str) and parser != "hermes" and not parser.startswith("server"):
             raise ValueError(f"unknown tool-call parser {parser!r}: the built-in one is 'hermes', the server's is "
                              "'server' or 'server:<name>' (an SGLang --tool-call-parser name), or pass a function")
@@ -265,7 +272,7 @@ def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: fl
             server's own parser, SGLang's `--tool-call-parser` names, through `/parse_function_call`;
             hermes by default; the CPU backend knows hermes), or a function text -> ParsedTurn |
             [(name, args)].
-        timeout: seconds per tool call ("tool_timeout" after).
+        timeout: seconds per tool call ("tool_timeout" after); a positive number, or None (no limit).
         on_tool_error: "end" (the episode ends with the tool's status) or "reply" (the error text is
             the tool message, and the episode goes on).
     """
@@ -319,15 +326,27 @@ class Environment:
         return _ObjectEpisode(obj, self.timeout)
 
 
+def _refuse_async_generator(fn: Any, what: str) -> None:
+    """An `async def` with `yield` gives an async generator, never the step's messages: refused
+    before anything runs (called, it would end every episode with "bad_env_return")."""
+    if fn is not None and (inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(type(fn).__call__)):
+        raise TypeError(f"{what} is an async generator function (async def with yield): an environment's step "
+                        "returns its messages; write `return ...` instead of `yield ...`")
+
+
 def as_environment(env: Any, *, timeout: float | None = 30.0) -> Environment:
     """Normalise `env=`: a function (messages[, data]), a class with reset/step, a factory of such
     objects (a callable taking no arguments), a `tool_env(...)`, or a list / dict of tool functions
-    (made into `tool_env(env)`).
+    (made into `tool_env(env)`); an `Environment` already made is returned as it is.
 
     Raises:
         TypeError: `env` is none of these (e.g. an instance with step(): pass its class or a factory,
-            since each episode needs its own).
+            since each episode needs its own; an async generator function).
+        ValueError: `timeout` is not a positive number of seconds or None.
     """
+    if isinstance(env, Environment):
+        return env
+    timeout = check_seconds("env_timeout", timeout)
     if isinstance(env, ToolEnv):
         return Environment(lambda: env, "tools", env.schemas, timeout)
     if isinstance(env, (list, tuple, Mapping, Tool)):
@@ -337,6 +356,8 @@ def as_environment(env: Any, *, timeout: float | None = 30.0) -> Environment:
         if not callable(getattr(env, "step", None)):
             raise TypeError(f"env class {env.__name__} has no step(messages) method; an environment class needs "
                             "step(messages) (and optionally reset(data))")
+        for method in ("reset", "step"):
+            _refuse_async_generator(getattr(env, method, None), f"{env.__name__}.{method}")
         return Environment(env, "class", None, timeout)
     if not callable(env):
         if callable(getattr(env, "step", None)):
@@ -344,6 +365,7 @@ def as_environment(env: Any, *, timeout: float | None = 30.0) -> Environment:
                             f"environment: pass the class ({type(env).__name__}) or a factory (lambda: ...)")
         raise TypeError(f"env must be a function env(messages, data), a class with reset/step, a factory, or "
                         f"tool_env(tools); got {_describe(env)}")
+    _refuse_async_generator(env, f"env function {_name(env)}")
     shape = _positional(env)
     if shape is not None and shape[0] == 0 and shape[1] == 0 and not shape[2]:
         return Environment(env, "factory", None, timeout)

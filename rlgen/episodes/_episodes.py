@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from typing_extensions import Unpack
 
-from ..core._columns import COLUMNS, EPISODE_COLUMNS, RESERVED_DATA_NAMES
+from ..core._columns import COLUMNS, EPISODE_COLUMNS
 from ..core._options import RewardOptions, takes_options
 from ..core._ragged import row_offsets
 from ..rollouts._flat import FlatRollouts
@@ -37,7 +37,7 @@ from ..rollouts._rollouts import Rollouts
 from ..rollouts._runs import new_run_id, text_series
 from ..rollouts._token_text import TokenText
 from ._drift import Drift, drift, drift_summary
-from ._result import TURN_COLUMNS, EpisodeRecord
+from ._result import TURN_COLUMNS, EpisodeRecord, data_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,21 +55,6 @@ ROLE_CODES = {"pad": 0, "assistant": 1, "env": 2}
 def _json_safe(value: Any) -> Any:
     """`value` with anything JSON cannot hold as its repr (tool results may be any object)."""
     return json.loads(json.dumps(value, default=repr))
-
-
-def _data_columns(records: Sequence[EpisodeRecord]) -> dict[str, list[Any]]:
-    """The prompts' data as columns: a dict's keys, else one column `data` (none when all are None)."""
-    items = [r.data for r in records]
-    if all(x is None for x in items):
-        return {}
-    if all(isinstance(x, Mapping) for x in items):
-        keys = list(dict.fromkeys(k for x in items for k in x))
-        clash = sorted(set(keys) & set(RESERVED_DATA_NAMES))
-        if clash:
-            raise ValueError(f"data names {clash} are rlgen's own columns; rename them (reserved: "
-                             f"{', '.join(RESERVED_DATA_NAMES)})")
-        return {k: [x.get(k) for x in items] for k in keys}
-    return {"data": items}
 
 
 def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int, tokenizer: Any = None,
@@ -114,7 +99,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     df["completion"] = text_series(df["completion"].tolist())
     df["run"] = text_series([run] * n)
     df["row_id"] = np.arange(n, dtype=np.int64)
-    for name, values in _data_columns(records).items():
+    for name, values in data_columns([r.data for r in records]).items():
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
     meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas} for r in records]

@@ -1,9 +1,12 @@
-"""One episode as the runner fills it: `EpisodeRecord`, and a turns frame of records.
+"""One episode as the runner fills it: `EpisodeRecord`, its `Turn`s, and a turns frame of records.
 
 Owns: `EpisodeRecord` (one episode's conversation, its token-in/token-out ids with a per-token loss
-mask, logprob, turn index and role, its status and per-turn details) and `turns_frame` (a row per
-turn of some records). The result users get is `Episodes` (`_episodes`), built from these records.
-pandas is imported inside the function that uses it.
+mask, logprob, turn index and role, its status and per-turn details), `Turn` (one assistant turn or
+environment reply: the turns frame's columns, `TURN_COLUMNS`, and what only one role has; kept in a
+record as its dict), `turns_frame` (a row per turn of some records) and the episodes' data as
+columns (`data_columns`: a dict's keys, refused where they name one of rlgen's own columns). The
+result users get is `Episodes` (`_episodes`), built from these records. pandas is imported inside
+the function that uses it.
 
 Knows nothing about servers, HTTP, sampling, environments, the Engine or `Rollouts`: it holds records.
 
@@ -16,14 +19,16 @@ failed a request), "cancelled" (Ctrl-C before it finished), "running" (not finis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..core._columns import RESERVED_DATA_NAMES
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TURN_COLUMNS", "EpisodeRecord", "turns_frame"]
+__all__ = ["TURN_COLUMNS", "EpisodeRecord", "Turn", "data_columns", "turns_frame"]
 
 
 @dataclass
@@ -90,6 +95,63 @@ class EpisodeRecord:
         return (f"EpisodeRecord(prompt={self.prompt_index}, sample={self.sample_index}, status={self.status!r}, "
                 f"turns={len(self.assistant_turns)}, tokens={len(self.ids)}, sampled={self.sampled_tokens}"
                 + (f", error={self.error!r}" if self.error else "") + ")")
+
+
+@dataclass
+class Turn:
+    """One turn of an episode: an assistant turn (`role` "assistant": sampled, one request) or the
+    environment's reply after it (`role` "env"). Its fields are `TURN_COLUMNS` (after the episode's
+    prompt_index and sample_index), then what only one role has: an assistant turn's `rid`,
+    `weight_version` and `matched_stop`; an environment reply's `status`, `done`, `calls` (per tool
+    call: name, arguments, status, error, result) and `roles` (of its messages). `as_dict()` is the
+    form a record keeps (and a parquet file stores): each role's own keys, in a fixed order."""
+
+    turn: int
+    role: str
+    text: str | None = None
+    tokens: int = 0
+    logprob_mean: float | None = None
+    tool_calls: int | None = None
+    tool_calls_failed: int | None = None
+    finish_reason: str | None = None
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    latency_s: float | None = None
+    rlgen_s: float = 0.0
+    rid: str | None = None
+    weight_version: Any = None
+    matched_stop: Any = None
+    status: str | None = None
+    done: bool = False
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    roles: list[Any] = field(default_factory=list)
+
+    _COMMON: ClassVar[tuple[str, ...]] = ("turn", "role", "text", "tokens", "logprob_mean", "tool_calls", "tool_calls_failed", "finish_reason",
+               "cached_tokens", "prompt_tokens", "latency_s")
+    _OWN: ClassVar[dict[str, tuple[str, ...]]] = {"assistant": ("rid", "weight_version", "matched_stop", "rlgen_s"),
+            "env": ("status", "done", "calls", "roles")}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in (*self._COMMON, *self._OWN[self.role])}
+
+
+def data_columns(items: Sequence[Any]) -> dict[str, list[Any]]:
+    """The episodes' data (one item per episode) as columns: a dict's keys when every item is a
+    dict, else one column `data`; none when every item is None.
+
+    Raises:
+        ValueError: a dict's key names one of rlgen's own columns (`reward`, `status`, ...).
+    """
+    if all(x is None for x in items):
+        return {}
+    if all(isinstance(x, Mapping) for x in items):
+        keys = list(dict.fromkeys(k for x in items for k in x))
+        clash = sorted(set(keys) & set(RESERVED_DATA_NAMES), key=str)
+        if clash:
+            raise ValueError(f"data's names {clash} would replace rlgen's own columns; rename them (e.g. "
+                             f"'gold_{clash[0]}'). Names rlgen writes itself: {', '.join(RESERVED_DATA_NAMES)}")
+        return {k: [x.get(k) for x in items] for k in keys}
+    return {"data": list(items)}
 
 
 TURN_COLUMNS = ["prompt_index", "sample_index", "turn", "role", "text", "tokens", "logprob_mean", "tool_calls",

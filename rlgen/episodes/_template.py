@@ -7,7 +7,8 @@ EOS: the new environment/tool/user messages and the next generation prompt, cut 
 fixed base conversation *token-wise*, just after the base's last EOS, so that the template's tokens
 after EOS (ChatML's `\\n`, which the model never samples) are kept; `closing_ids` gives the EOS to
 append (mask 0) when a turn stopped on a stop string or on length. The check that the base render is
-a token prefix of the longer render, and `TemplateError` when it is not. `DeltaRenderer` renders the
+a token prefix of the longer render, and `TemplateError` when it is not; `check_template`, whether a
+chat template compiles at all (what concerns every episode of a call, checked before it runs). `DeltaRenderer` renders the
 base once for many deltas (an episodes call asks for one per environment step).
 
 Knows nothing about servers, HTTP, requests, sampling, rewards or the result object: it takes a
@@ -28,8 +29,8 @@ from typing import Any
 
 from ..core._errors import RlgenError
 
-__all__ = ["BASE_MESSAGES", "DeltaRenderer", "TemplateError", "closing_ids", "eos_id", "first_prompt_ids",
-           "message_delta_ids", "render_ids", "template_name"]
+__all__ = ["BASE_MESSAGES", "DeltaRenderer", "TemplateError", "check_template", "closing_ids", "eos_id",
+           "first_prompt_ids", "message_delta_ids", "render_ids", "template_name"]
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -83,6 +84,24 @@ def render_ids(tokenizer: Any, messages: Messages, *, add_generation_prompt: boo
     if out and isinstance(out[0], (list, tuple)):  # a batch of one
         out = out[0]
     return [int(i) for i in out]
+
+
+def check_template(tokenizer: Any, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+    """Raise `TemplateError` when the tokenizer's chat template does not compile (a Jinja syntax
+    error): every episode of a call would fail on it, so a call checks it before anything is sent.
+    A template that refuses particular messages (`raise_exception`, a role it does not know) is
+    left to the episodes that send them ("template_error"), as is a tokenizer without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    import jinja2
+
+    try:
+        render_ids(tokenizer, [{"role": "user", "content": "Hi."}], add_generation_prompt=True, tools=tools)
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"the chat template of {template_name(tokenizer)} does not compile: {e} (line "
+                            f"{e.lineno}); fix the Jinja syntax (chat_template=)") from None
+    except Exception:  # it compiled, and refused this probe: the episodes' messages will tell
+        return
 
 
 def first_prompt_ids(tokenizer: Any, messages: Messages, *,

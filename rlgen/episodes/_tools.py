@@ -369,11 +369,20 @@ def _bind(tool: Tool | Callable[..., Any], arguments: Any) -> tuple[Callable[...
         return fn, ToolResult("bad_arguments", error=f"TypeError: arguments must be an object of named arguments, "
                                                      f"got {type(arguments).__name__}")
     try:
-        inspect.signature(fn).bind(**arguments)
+        signature = inspect.signature(fn)
+    except ValueError:  # no signature to check against: let the call tell
+        return fn, None
+    params = signature.parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):  # an invented name first: bind() would name a missing one
+        named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unexpected = [k for k in arguments if k not in named]
+        if unexpected:
+            return fn, ToolResult("bad_arguments", error=f"TypeError: got an unexpected keyword argument "
+                                                         f"{unexpected[0]!r} (it takes {', '.join(map(repr, named)) or 'none'})")
+    try:
+        signature.bind(**arguments)
     except TypeError as e:
         return fn, ToolResult("bad_arguments", error=f"TypeError: {e}")
-    except ValueError:  # no signature to check against: let the call tell
-        pass
     return fn, None
 
 
@@ -411,7 +420,12 @@ class Ran:
 
     @property
     def error_text(self) -> str | None:
-        return None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+        if self.error is None:
+            return None
+        said = str(self.error)
+        if not said and isinstance(self.error, KeyboardInterrupt):  # the call's own, never Ctrl-C on rlgen's call
+            said = "raised inside the call, with no message (contained: it ended this call's episode only)"
+        return f"{type(self.error).__name__}: {said or 'raised with no message'}"
 
     @property
     def traceback(self) -> str | None:

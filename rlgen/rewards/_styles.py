@@ -95,6 +95,12 @@ class Checked:
 
 
 def _params(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
+    """`fn`'s named parameters and whether it takes **kwargs (read before any call: `detect_style`,
+    `build_calls`). An async generator function is refused here: it would give an async generator,
+    never a reward, and fail every row at run time."""
+    if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(type(fn).__call__):
+        raise TypeError(f"reward function {_name(fn)} is an async generator function (async def with yield): "
+                        "return the reward (`return ...`, in a plain or an async def) instead of yielding it")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as err:

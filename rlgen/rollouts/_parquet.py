@@ -4,8 +4,10 @@ Owns: the file layout and its version check. The df's own columns are stored as 
 `matched_stop`, which mixes token ids and stop strings, and the chat messages, whose keys vary by
 role: JSON text, listed in the header); ragged token
 data are list columns named `_rlgen_<name>` beside them (`[T, k]` fields as lists of fixed-size
-lists); `meta_info` is one JSON text per row; pad id, model, sampling and run_sampling (run ->
-sampling) are JSON in the file's metadata under the key `rlgen`. Knows nothing about `Rollouts` itself, torch or tensors:
+lists); `meta_info` is one JSON text per row; pad id, model, sampling, run_sampling (run ->
+sampling) and the name of the result class that wrote the file (`result_class`: "Rollouts",
+"Episodes") are JSON in the file's metadata under the key `rlgen`; the registry of those classes
+(`register_result_class`, `result_class`), so that a file reads back as the class that wrote it. Knows nothing about `Rollouts` itself, torch or tensors:
 `Rollouts.to_parquet` / `from_parquet` (`rollouts/_rollouts.py`) hand over and take back the flat arrays.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["StoredRollouts", "read_parquet", "write_parquet"]
+__all__ = ["StoredRollouts", "read_parquet", "register_result_class", "result_class", "write_parquet"]
 
 _PARQUET_KEY = b"rlgen"
 _PARQUET_VERSION = 1
@@ -30,6 +32,25 @@ _PARQUET_VERSION = 1
 _JSON_COLUMNS = ("matched_stop", "prompt_messages", "completion_messages")
 
 Ragged = tuple[np.ndarray, np.ndarray]  # flat values, row offsets (see core/_ragged.py)
+
+# The result classes a file may name, by class name: `Rollouts` and each subclass, registered as it
+# is defined (`Rollouts.__init_subclass__`). Why a registry: a file written by `Episodes` must read
+# back as `Episodes`, but rollouts/ sits below episodes/ and never imports it (not even inside a
+# function); the higher layer makes itself known here when its module is imported (`import rlgen`
+# imports it), so the arrow still points down. The first class registered under a name keeps it
+# (rlgen's own, registered at import, before any user subclass of the same name).
+_RESULT_CLASSES: dict[str, type] = {}
+
+
+def register_result_class(cls: type) -> None:
+    """Let files that name `cls` (by its class name) read back as `cls`."""
+    _RESULT_CLASSES.setdefault(cls.__qualname__, cls)
+
+
+def result_class(name: str | None) -> type | None:
+    """The registered class a file's `result_class` names; None for a file without one (written
+    before the key) or a class not registered (its module not imported)."""
+    return None if name is None else _RESULT_CLASSES.get(name)
 
 
 @dataclass

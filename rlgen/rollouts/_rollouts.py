@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from ..core._columns import CLIENT_COLUMNS, COLUMNS, EPISODE_COLUMNS
 from ..core._ragged import gather_rows, pad_rows
 from ._fields import FIELDS
 from ._flat import FlatRollouts, concat_flat
-from ._parquet import read_parquet, write_parquet
+from ._parquet import read_parquet, register_result_class, result_class, write_parquet
 from ._reward_methods import RewardMethods
 from ._runs import new_run_id, text_series
 from ._tensor_properties import TensorProperties
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from ._plots import RolloutPlots
 
 __all__ = ["Rollouts"]
+
+R = TypeVar("R", bound="Rollouts")
 
 class Rollouts(TensorProperties, RewardMethods):
     """Generated samples as one DataFrame row each, plus padded tensors aligned with the rows.
@@ -102,6 +105,11 @@ class Rollouts(TensorProperties, RewardMethods):
         batch = res.to("cuda").tensors()
         res.to_parquet("run.parquet"); same = Rollouts.from_parquet("run.parquet")
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass (`Episodes`) is registered for `from_parquet`: its files read back as it."""
+        super().__init_subclass__(**kwargs)
+        register_result_class(cls)
 
     def __init__(
         self,
@@ -501,7 +509,7 @@ class Rollouts(TensorProperties, RewardMethods):
             fields=fields,
             header={"pad_token_id": self.pad_token_id, "model": self.model, "sampling": self.sampling,
                     "run_sampling": self.run_sampling, "tokenizer": getattr(self.decode, "source", None),
-                    "run_records": self.run_records},
+                    "run_records": self.run_records, "result_class": type(self).__qualname__},
         )
 
     @classmethod
@@ -511,14 +519,23 @@ class Rollouts(TensorProperties, RewardMethods):
         The view draws token text with `tokenizer` (an object, or a local path or name), else with
         the tokenizer the file names, loaded from local files when first needed; where neither can
         be had, it shows token ids and says why.
+
+        The result is the class that wrote the file where that is `cls` or a subclass of it
+        (`rlgen.Rollouts.from_parquet` on an episodes file gives `Episodes`); a file of a class
+        that is not imported reads as `cls`, with a warning.
+
+        Raises:
+            TypeError: the file holds a plainer result than `cls` (e.g. `Episodes.from_parquet` on
+                a `generate()` result's file): read it with the class that wrote it.
         """
         stored = read_parquet(path, tuple(FIELDS))
+        made = _class_to_read(cls, stored.header.get("result_class"), path)
         fields, header = stored.fields, stored.header
         if "latency_s" in stored.df.columns and "request_latency_s" not in stored.df.columns:
             # Files written before the rename: the same value (the batched request's time), new name.
             stored.df = stored.df.rename(columns={"latency_s": "request_latency_s"})
         texts = fields["token_texts"]
-        return cls(
+        return made(
             df=stored.df,
             prompt_ids=stored.prompt[0],
             prompt_offsets=stored.prompt[1],
@@ -557,6 +574,27 @@ class Rollouts(TensorProperties, RewardMethods):
         from ._display import rollouts_html
 
         return rollouts_html(self)
+
+
+register_result_class(Rollouts)
+
+
+def _class_to_read(cls: type[R], name: str | None, path: str | os.PathLike[str]) -> type[R]:
+    """The class a file is read as: the one that wrote it (`name`) where that is `cls` or a
+    subclass of it; `cls` for files written before the name was kept."""
+    if name is None or name == cls.__qualname__:
+        return cls
+    wrote = result_class(name)
+    if wrote is None:
+        warnings.warn(f"{os.fspath(path)} was written by {name}, a class not imported here: read as {cls.__qualname__} "
+                      f"(import the module that defines {name}, then read it again)", stacklevel=3)
+        return cls
+    if issubclass(wrote, cls):
+        return wrote
+    if issubclass(cls, wrote):
+        raise TypeError(f"{os.fspath(path)} holds a {name}, not {cls.__qualname__}: read it with "
+                        f"{name}.from_parquet(...)")
+    return cls
 
 
 def _token_text_for(tokenizer: Any) -> TokenText | None:

@@ -1,0 +1,256 @@
+"""One multi-turn episode, turn by turn, token in and token out, and what the episodes of a call share.
+
+Owns: `Episode`, one episode's named state and its steps:
+
+- `start`: the environment made and reset (contained, `_env`), the first request's ids from the
+  prompt's chat (`first_prompt_ids`);
+- `sample`: one `/generate` request for an assistant turn, sent as `input_ids` (the previous ids,
+  so history is never re-tokenized and the server's prefix cache serves it); the sampled ids
+  appended as sampled (loss mask 1, the server's logprobs), then a closing EOS (mask 0) after a
+  turn that did not end with one;
+- `step`: the environment asked, and its messages' template delta appended (mask 0) when the next
+  request, with it, fits the model's context (when it does not, the episode ends "context_limit"
+  and keeps only what was sent: the reply stays in the turns frame, not in the ids or messages);
+- `finish`: the record's turns written (on every way out, Ctrl-C included).
+
+The stops: "done", "max_turns", "context_limit", the environment's failure statuses,
+"template_error", "request_error". Each assistant `Turn` records `latency_s` (its request) and
+`rlgen_s`, the runner's own time for it (the synchronous work outside the server and the
+environment: the request's ids (the first prompt, or the template delta of the messages before
+it), its payload, reading the answer into the record, and after the environment's step, its
+bookkeeping when the episode ends there), for the overhead benchmark.
+
+Also owns what every episode of one call shares (`EpisodeCall`: the tokenizer, the environment, the
+limits, one delta renderer) and `TurnSender`: one turn's request with its own rid (tracked while in
+flight, for an abort), per-episode seeding (`seeded_sampling`), the bound on requests in flight,
+and batching through `_coalesce.TurnBatcher`. SGLang's answer is read through `client._answer`.
+
+Knows nothing about launching servers, the Engine, rollouts or how results are shown: it takes a
+client (`client._http.Client`: `generate(payload)`), a tokenizer with a chat template, an
+`Environment` and one prompt's chat, and fills one `EpisodeRecord`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..client._answer import read_answer, seeded_sampling
+from ..client._generate import new_rid
+from ..client._http import Client
+from ..core._errors import RequestError
+from ._coalesce import TurnBatcher
+from ._env import Environment, EnvReply, EpisodeEnv
+from ._result import EpisodeRecord, Turn
+from ._template import DeltaRenderer, closing_ids, eos_id, first_prompt_ids
+
+__all__ = ["Episode", "EpisodeCall", "TurnSender"]
+
+
+class TurnSender:
+    """Sends one assistant turn's request at a time (at most `max_in_flight` at once), batched with
+    the turns that are ready together when `batch_turns`; `in_flight` holds the rids sent and not
+    yet answered (what an abort needs)."""
+
+    def __init__(self, client: Client, sampling: Mapping[str, Any], *, max_in_flight: int,
+                 batch_turns: bool) -> None:
+        self.client = client
+        self.params = dict(sampling)
+        self.limiter = asyncio.Semaphore(max_in_flight)
+        self.batcher = TurnBatcher(client, max_batch=max_in_flight) if batch_turns else None
+        self.in_flight: dict[str, None] = {}
+
+    async def generate(self, ids: list[int], budget: int, sample_index: int) -> tuple[dict[str, Any], float, float]:
+        """(the answer, its latency, the runner's own seconds building the payload)."""
+        t = time.perf_counter()
+        # n episodes of a seeded prompt: episode j draws with seed + j, as generate()'s samples do.
+        params = seeded_sampling({**self.params, "max_new_tokens": budget}, sample_index)
+        own = time.perf_counter() - t
+        async with self.limiter:
+            t = time.perf_counter()
+            rid = new_rid()
+            self.in_flight[rid] = None
+            payload = {"input_ids": ids, "sampling_params": params, "return_logprob": True, "rid": rid}
+            t0 = time.perf_counter()
+            own += t0 - t
+            cancelled = False
+            try:
+                answer = await (self.batcher.generate(ids, params, rid) if self.batcher is not None
+                                else self.client.generate(payload))
+            except asyncio.CancelledError:
+                cancelled = True  # still running on the server: left for the caller's abort
+                raise
+            finally:
+                if not cancelled:
+                    self.in_flight.pop(rid, None)
+            latency = time.perf_counter() - t0
+        if isinstance(answer, list):
+            answer = answer[0] if len(answer) == 1 else answer
+        if not isinstance(answer, dict):
+            raise RequestError(f"/generate answered {type(answer).__name__}, not one sample")
+        return answer, latency, own
+
+    async def close(self) -> None:
+        """Wait for the batches still being sent (after their waiters were cancelled, say)."""
+        if self.batcher is not None:
+            await self.batcher.close()
+
+
+class EpisodeCall:
+    """What the episodes of one call share: the tokenizer (and its EOS), the environment, the
+    sender, the limits, and one delta renderer (made at the first delta: a template that refuses
+    the base conversation is that episode's "template_error", as any other delta's refusal)."""
+
+    def __init__(self, tokenizer: Any, environment: Environment, sender: TurnSender, *, max_turns: int,
+                 max_new_tokens: int, context_length: int | None) -> None:
+        self.tokenizer, self.environment, self.sender = tokenizer, environment, sender
+        self.max_turns, self.max_new_tokens, self.context_length = max_turns, max_new_tokens, context_length
+        self.eos = eos_id(tokenizer)
+        self._renderer: DeltaRenderer | None = None
+
+    def fits(self, n_ids: int) -> bool:
+        """Whether a request of `n_ids` ids, plus `max_new_tokens`, fits the model's context."""
+        return self.context_length is None or n_ids + self.max_new_tokens <= self.context_length
+
+    def too_long(self, n_ids: int) -> str:
+        return (f"{n_ids} ids + max_new_tokens {self.max_new_tokens} would not fit the model's context of "
+                f"{self.context_length} tokens")
+
+    def delta_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if self._renderer is None:
+            self._renderer = DeltaRenderer(self.tokenizer, tools=self.environment.tools)
+        return self._renderer(messages)
+
+
+class Episode:
+    """One episode: `run()` is `start`, then `sample` and `step` per assistant turn until one of them
+    ends it, then `finish`. Each step returns whether the episode goes on; one that ends it has set
+    the record's status and error."""
+
+    def __init__(self, call: EpisodeCall, record: EpisodeRecord, prompt: Sequence[Mapping[str, Any]]) -> None:
+        self.call, self.record, self.prompt = call, record, prompt
+        self.session: EpisodeEnv | None = None
+        self.turns: list[Turn] = []
+        self.assistant: Turn | None = None  # the last assistant turn
+        self.own = 0.0  # the runner's own seconds towards the next request (its ids)
+
+    async def run(self) -> None:
+        try:
+            if await self.start():
+                for turn in range(self.call.max_turns):
+                    if not await self.sample(turn) or not await self.step(turn):
+                        break
+        finally:
+            self.finish()
+
+    def end(self, status: str, error: str | None = None, traceback: str | None = None) -> bool:
+        self.record.status, self.record.error, self.record.traceback = status, error, traceback
+        return False
+
+    def fail(self, reply: EnvReply) -> bool:
+        return self.end(reply.status or "env_error", reply.error, reply.traceback)
+
+    async def start(self) -> bool:
+        """The episode's environment made and reset, the prompt's messages (with what the reset
+        added) and the first request's ids."""
+        call, record = self.call, self.record
+        made = await call.environment.new()
+        if isinstance(made, EnvReply):
+            return self.fail(made)
+        self.session = made
+        bind = getattr(made, "bind_client", None)
+        if callable(bind):  # a tool environment that parses with the server's own parser
+            bind(call.sender.client)
+        reply = await made.reset(record.data)
+        record.env_seconds += reply.seconds
+        if reply.status is not None:
+            return self.fail(reply)
+        record.messages = [dict(m) for m in self.prompt] + reply.messages
+        record.n_prompt_messages = len(record.messages)
+        t = time.perf_counter()
+        try:
+            first = first_prompt_ids(call.tokenizer, record.messages, tools=call.environment.tools)
+        except Exception as e:  # a chat the template refuses (raise_exception, a TemplateError)
+            return self.end("template_error", f"{type(e).__name__}: {e}")
+        record.prompt_len = len(first)
+        record.extend(first, role="prompt", turn=0)
+        self.own = time.perf_counter() - t  # the ids of the first request
+        return True
+
+    async def sample(self, turn: int) -> bool:
+        """Assistant turn `turn`: its request, its sampled ids and text, a closing EOS if needed."""
+        call, record = self.call, self.record
+        if not call.fits(len(record.ids)):
+            return self.end("context_limit", f"turn {turn}: {call.too_long(len(record.ids))}")
+        try:
+            answer, latency, payload_s = await call.sender.generate(record.ids, call.max_new_tokens,
+                                                                    record.sample_index)
+        except RequestError as e:
+            return self.end("request_error", f"turn {turn}: {e}")
+        t = time.perf_counter()
+        read = read_answer(answer)
+        if read.finish == "abort":
+            return self.end("request_error",
+                            f"turn {turn}: the server aborted the request: {read.meta.get('finish_reason')}")
+        sampled = [int(i) for i in read.output_ids or []]
+        lps = read.token_logprobs() if read.output_ids is not None else []
+        record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
+        text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
+        record.messages.append({"role": "assistant", "content": text})
+        self.assistant = Turn(
+            turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
+            finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
+            prompt_tokens=int(read.prompt_tokens or len(record.ids) - len(sampled)), latency_s=latency,
+            rid=read.rid, weight_version=read.weight_version, matched_stop=read.matched_stop)
+        self.turns.append(self.assistant)
+        record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=turn)
+        self.assistant.rlgen_s = self.own + payload_s + time.perf_counter() - t
+        return True
+
+    async def step(self, turn: int) -> bool:
+        """The environment's reply to assistant turn `turn`, and the next request's ids."""
+        session, assistant = self.session, self.assistant
+        if session is None or assistant is None:
+            raise RuntimeError("Episode.step() before start() and sample()")
+        t = time.perf_counter()
+        messages = [dict(m) for m in self.record.messages]
+        assistant.rlgen_s += time.perf_counter() - t
+        reply = await session.step(messages)
+        t = time.perf_counter()
+        going = self._take(turn, reply)
+        if going:
+            self.own = time.perf_counter() - t  # the next request's ids: the next turn's
+        else:
+            assistant.rlgen_s += time.perf_counter() - t
+        return going
+
+    def _take(self, turn: int, reply: EnvReply) -> bool:
+        """The environment's reply into the record: its turn, then the end it says, or its delta."""
+        call, record = self.call, self.record
+        record.env_seconds += reply.seconds
+        said = Turn(turn, "env", text="\n".join(m["content"] for m in reply.messages) or None,
+                    tool_calls=reply.tool_calls, tool_calls_failed=reply.tool_calls_failed, latency_s=reply.seconds,
+                    status=reply.status, done=reply.done, calls=reply.calls,
+                    roles=[m.get("role") for m in reply.messages])
+        self.turns.append(said)
+        if reply.status is not None:
+            return self.fail(reply)
+        if reply.done or turn == call.max_turns - 1:
+            return self.end("done" if reply.done else "max_turns")
+        try:
+            delta = call.delta_ids(reply.messages)
+        except Exception as e:  # TemplateError, or a template that refuses the messages
+            return self.end("template_error", f"{type(e).__name__}: {e}")
+        if not call.fits(len(record.ids) + len(delta)):  # never sent: kept in the turns frame only
+            return self.end("context_limit", f"turn {turn + 1}: the environment's reply ({len(delta)} tokens) was "
+                                             f"not sent: {call.too_long(len(record.ids) + len(delta))}")
+        record.messages.extend(reply.messages)
+        record.extend(delta, role="env", turn=turn)
+        said.tokens = len(delta)
+        return True
+
+    def finish(self) -> None:
+        """The turns into the record (as the dicts a record keeps)."""
+        self.record.turns = [t.as_dict() for t in self.turns]
