@@ -146,7 +146,7 @@ class Engine:
     # total_s (the constructor, end to end).
     start_times: dict[str, float]
     last_result: Rollouts | None         # the last generate()'s result, also when it was interrupted
-    last_episodes: Episodes | None       # the last episodes()' result, also when it was interrupted
+    last_episodes: Episodes | None = None  # the last episodes()' result, also when it was interrupted
 
     _state: EngineState
     _server: ServerHandle
