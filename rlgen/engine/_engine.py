@@ -186,12 +186,12 @@ class Engine:
     ) -> None:
         from ..core._progress import PhaseLine
 
+        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         plan = _lifecycle.plan_launch(
             model, backend=backend, gpu_memory_fraction=gpu_memory_fraction, fast_start=fast_start,
             enable_memory_saver=enable_memory_saver, enable_metrics=enable_metrics, server_args=server_args,
             api_key=api_key, keep_alive=keep_alive, tp_size=tp_size, dp_size=dp_size, replicas=replicas, gpus=gpus,
             router_args=router_args, lora=lora)
-        self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
         self.model, self.model_path, self.backend = plan.model, plan.model_path, plan.backend
         # Load the tokenizer and hash the weights while the server starts (a kernel's first
         # transformers import takes seconds). Stop servers left behind by dead kernels (their GPU
