@@ -31,8 +31,8 @@ from .core._errors import (
 )
 from .core._options import GenerateOptions, LoraOptions, RewardOptions, SamplingOptions, StreamOptions
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
-from .engine._base import EngineState
 from .engine._engine import Engine
+from .engine._lifecycle import EngineState
 from .episodes._episodes import Episodes
 from .rollouts._rollouts import Rollouts
 from .server._models import DEFAULT_MODEL, resolve_model

@@ -20,6 +20,7 @@ import torch
 
 import rlgen
 from rlgen import AdapterError
+from rlgen.client import _lora
 
 peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
@@ -202,3 +203,31 @@ def test_a_server_without_lora_says_how_to_start_one(model_path: str) -> None:
         with pytest.raises(AdapterError, match="lora=True"):
             plain.load_adapter("policy", "/nowhere")
         assert "adapter" not in plain.generate(CHATS, max_new_tokens=2).df.columns
+
+
+@pytest.mark.timeout(240)
+def test_an_adapter_loaded_at_start_whose_files_are_not_here_is_never_answered_from_the_base_models_cache(
+        model_path: str, adapter: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server read the adapter's files at start; this process cannot (another machine's path):
+    its content is unknown here, so the completion cache refuses its prompts (an AdapterError that
+    says what to do) rather than keying them as the base model's and serving the base's samples."""
+    directory = tmp_path / "far"
+    adapter.save_pretrained(str(directory))
+    monkeypatch.setenv("RLGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+    def unreadable(path: Any) -> Any:
+        raise OSError(f"{path}: not on this machine")
+
+    monkeypatch.setattr(_lora, "from_directory", unreadable)  # this process only, not the server
+    with rlgen.Engine(model_path, backend="cpu", progress=False, fast_start=True,
+                      lora={**LORA, "adapters": {"far": str(directory)}}) as eng:
+        assert eng.adapters["far"].sha256 is None and eng.adapters["far"].rank is None
+        base = eng.generate(CHATS, max_new_tokens=6, temperature=0, cache=True)
+        assert list(eng.generate(CHATS, max_new_tokens=6, temperature=0, cache=True).df["cached"]) == [True] * 3
+        with pytest.raises(AdapterError, match=r"'far'.*unread here.*load_adapter\(\), or pass cache=False"):
+            eng.generate(CHATS, adapter="far", max_new_tokens=6, temperature=0, cache=True)
+        with pytest.raises(AdapterError, match="cache=False"):  # also for one prompt of a mixed call
+            eng.generate(CHATS, adapter=[None, "far", None], max_new_tokens=6, temperature=0, cache=True)
+        sampled = eng.generate(CHATS, adapter="far", max_new_tokens=6, temperature=0)  # usable without the cache
+        assert list(sampled.df["adapter"]) == ["far"] * 3 and "cached" not in sampled.df.columns
+        assert len(base) == 3

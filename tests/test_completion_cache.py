@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import rlgen
-from rlgen.client._completion_cache import CompletionCache, cache_key
+from rlgen.client._completion_cache import CompletionCache, cache_key, merge, split, store_finished
 from rlgen.server._weights import weights_sha256
 
 KEY_ARGS = {"weights_sha256": "ab" * 32, "weight_version": "default", "prompt_ids": [1, 2, 3],
@@ -78,6 +78,24 @@ def make_checkout(root: Path, weights: bytes = b"\x00" * 1000) -> Path:
     (root / "config.json").write_text('{"model_type": "llama"}')
     (root / "tokenizer.json").write_text("{}")
     return root
+
+
+def test_a_call_splits_into_hits_and_prompts_to_send_and_merges_back_in_prompt_order(tmp_path: Path) -> None:
+    cache = CompletionCache(tmp_path)
+    keys = [cache_key(**{**KEY_ARGS, "prompt_ids": [i]}) for i in range(4)]
+    cache.put(keys[1], ANSWERS)
+    hits, sent = split(cache, keys, n=2)
+    assert list(hits) == [1] and sent == [0, 2, 3]
+    aborted = {"text": "x", "output_ids": [7], "meta_info": {"finish_reason": {"type": "abort"}}}
+    answers = [ANSWERS[0], ANSWERS[1], ANSWERS[0], aborted, ANSWERS[1], None]  # prompts 0, 2, 3 as sent
+    store_finished(cache, keys, sent, answers, n=2)
+    assert cache.get(keys[0], n=2) == ANSWERS                          # both samples finished: stored
+    assert cache.get(keys[2], n=2) is None and cache.get(keys[3], n=2) is None  # one aborted / missing: not
+    merged = merge(hits, sent, answers, prompts=4, n=2)
+    assert merged[:4] == [ANSWERS[0], ANSWERS[1], *ANSWERS] and merged[4:7] == [ANSWERS[0], aborted, ANSWERS[1]]
+    assert merged[7]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted before the server answered"}
+    short = merge({}, [0, 1], [ANSWERS[0]], prompts=2, n=2)  # an interrupted call: what never came is aborted
+    assert short[0] == ANSWERS[0] and all(a["meta_info"]["finish_reason"]["type"] == "abort" for a in short[1:])
 
 
 def test_the_weights_hash_follows_the_weights_bytes_not_timestamps_or_tokenizer_files(

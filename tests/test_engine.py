@@ -300,7 +300,7 @@ def test_generate_does_not_ask_the_tokenizer_its_length_on_every_call(engine, mo
     res = engine.generate([[1, 2, 3]], max_new_tokens=2)
     assert len(res) == 1
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.generate([[engine._vocab_size]], max_new_tokens=2)
+        engine.generate([[engine._conn.vocab_size]], max_new_tokens=2)
 
 
 @pytest.mark.xfail(BACKEND == "sglang", strict=False, reason=(

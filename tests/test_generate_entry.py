@@ -8,14 +8,17 @@ import warnings
 
 import pytest
 
-from rlgen.engine._generation import GenerationMixin
+import rlgen
+from rlgen.engine._generation import CallWarnings
 
 
-class Stub(GenerationMixin):
+def Stub() -> rlgen.Engine:
     """An Engine with no server at all: anything past the options check would fail differently."""
+    return rlgen.Engine.__new__(rlgen.Engine)
 
-    def __init__(self, chat_template: str | None = None) -> None:
-        self.tokenizer = type("Tok", (), {"chat_template": chat_template})()
+
+def tok(chat_template: str | None) -> object:
+    return type("Tok", (), {"chat_template": chat_template})()
 
 
 def rlgen_frames(excinfo: pytest.ExceptionInfo) -> list[str]:
@@ -46,12 +49,14 @@ def test_agenerate_checks_its_options_first_too():
 
 
 def test_plain_text_to_a_chat_model_warns_once_per_engine_with_how_to_send_chats():
-    eng = Stub(chat_template="{% for m in messages %}...{% endfor %}")
-    with pytest.warns(UserWarning, match=r'\[\{"role": "user", "content": text\}\]'):
-        eng._warn_if_plain_text_to_chat_model(["What is 2+2?"])
+    hints = CallWarnings()  # an Engine's
+    chat_model = tok("{% for m in messages %}...{% endfor %}")
+    with pytest.warns(UserWarning, match=r'\[\{"role": "user", "content": text\}\]') as caught:
+        hints.plain_text_to_chat_model(["What is 2+2?"], chat_model)
+    assert caught[0].filename == __file__  # the caller's line
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        eng._warn_if_plain_text_to_chat_model("again")  # once per Engine
-        Stub(chat_template="t")._warn_if_plain_text_to_chat_model([[{"role": "user", "content": "hi"}]])  # chats
-        Stub(chat_template="t")._warn_if_plain_text_to_chat_model([[1, 2, 3]])  # token ids
-        Stub(chat_template=None)._warn_if_plain_text_to_chat_model(["text"])  # a base model
+        hints.plain_text_to_chat_model("again", chat_model)  # once per Engine
+        CallWarnings().plain_text_to_chat_model([[{"role": "user", "content": "hi"}]], tok("t"))  # chats
+        CallWarnings().plain_text_to_chat_model([[1, 2, 3]], tok("t"))  # token ids
+        CallWarnings().plain_text_to_chat_model(["text"], tok(None))  # a base model

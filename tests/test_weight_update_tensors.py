@@ -137,7 +137,7 @@ def test_a_push_serves_what_a_fresh_server_loads_from_the_same_weights_on_disk(
         from_disk = _score(fresh)
     assert (pushed - from_disk).abs().max() < SAME
 
-    assert eng.update_weights(trainer) == f"tensors@{eng._weight_updates}"   # the default: this Engine's nth update
+    assert eng.update_weights(trainer) == f"tensors@{eng._weights.updates}"   # the default: this Engine's nth update
     assert (_score(eng) - base).abs().max() < SAME
 
 
@@ -188,13 +188,14 @@ def test_inside_paused_a_full_push_replaces_the_reload_and_a_partial_push_lands_
     eng.update_weights_from_disk(model_path, weight_version="original")
 
     reloads: list[Any] = []
-    control = eng._control
-    monkeypatch.setattr(eng, "_control", lambda path, body, **kw: (reloads.append((path, body)), control(path, body, **kw))[1])
+    control = eng._control.post
+    monkeypatch.setattr(eng._control, "post",
+                        lambda path, body, **kw: (reloads.append((path, body)), control(path, body, **kw))[1])
     spy = Spy(eng, monkeypatch)
     with eng.paused():
-        assert eng._released == {"weights", "kv_cache", "cuda_graph"}
+        assert eng._control.released == {"weights", "kv_cache", "cuda_graph"}
         eng.update_weights(perturbed, weight_version="paused-full")
-        assert eng._released == {"kv_cache", "cuda_graph"}   # the weights' memory is back, the rest not yet
+        assert eng._control.released == {"kv_cache", "cuda_graph"}   # the weights' memory is back, the rest not yet
     assert [path for path, _ in reloads] == ["/release_memory_occupation", "/resume_memory_occupation",
                                              "/resume_memory_occupation"]   # every tensor came: nothing from disk
     # Resumed by name, the weights first and the rest at the end (SGLang's scheduler fails on a tag
@@ -250,21 +251,21 @@ def test_what_cannot_work_is_refused_before_anything_is_sent(
     with pytest.raises(ValueError, match="bucket_mb"):
         eng.update_weights(trainer, bucket_mb=0)
     # What SGLang needs: a server on this machine, reading the tensors from its GPU (CUDA IPC).
-    sglang_info = {k: v for k, v in eng._server_info.items() if k != "rlgen_backend"}
-    monkeypatch.setattr(eng, "_server_info", sglang_info)
+    sglang_info = {k: v for k, v in eng._conn.server_info.items() if k != "rlgen_backend"}
+    monkeypatch.setattr(eng._conn, "server_info", sglang_info)
     with pytest.raises(WeightsError, match=r"are on cpu .*move the model to the server's GPU.*update_weights_from_disk"):
         eng.update_weights(trainer)
-    monkeypatch.setattr(eng, "_server_info", {**sglang_info, "dp_size": 2})  # SGLang refuses tensors there
+    monkeypatch.setattr(eng._conn, "server_info", {**sglang_info, "dp_size": 2})  # SGLang refuses tensors there
     with pytest.raises(WeightsError, match=r"dp_size 1 \(or DP attention\).*update_weights_from_disk"):
         eng.update_weights(trainer)
-    monkeypatch.setattr(eng, "_server_info", {**sglang_info, "dp_size": 2, "enable_dp_attention": True})
+    monkeypatch.setattr(eng._conn, "server_info", {**sglang_info, "dp_size": 2, "enable_dp_attention": True})
     with pytest.raises(WeightsError, match=r"are on cpu"):  # allowed with DP attention: on to the device check
         eng.update_weights(trainer)
-    monkeypatch.setattr(eng, "_server_info", sglang_info)
+    monkeypatch.setattr(eng._conn, "server_info", sglang_info)
     monkeypatch.setattr(eng, "url", "http://192.0.2.1:30000")   # TEST-NET-1: never this machine
     with pytest.raises(WeightsError, match=r"on another machine.*update_weights_from_disk\(path\)"):
         eng.update_weights(trainer)
-    monkeypatch.setattr(eng, "_behind_router", True)
+    monkeypatch.setattr(eng._conn, "behind_router", True)
     with pytest.raises(WeightsError, match="router"):
         eng.update_weights(trainer)
     assert spy.bodies == []

@@ -7,8 +7,12 @@ seed, n, and the logprob options), the file layout (one file per key under
 and validated reads. A file is a JSON header line (format, key, n, the body's SHA-256) and then the
 body (the n answers as JSON); an entry is returned only when the header parses, names this key and
 this n, and the body's digest matches, so a truncated, corrupt or foreign file is never returned:
-it is counted, removed, and the prompt goes to the server. Knows nothing about servers, HTTP or
-`Rollouts`: an entry is the server's answers (JSON-able dicts) for one prompt's n samples.
+it is counted, removed, and the prompt goes to the server. A call's use of it: `split` (which
+prompts the cache answers and which go to the server), `store_finished` (a sent prompt is stored
+once all its n samples finished) and `merge` (the hits and the sent answers back in the call's
+order, a sample that never came filled as aborted). Knows nothing about servers, HTTP or
+`Rollouts`: an entry is the server's answers (JSON-able dicts) for one prompt's n samples, read
+through `client._answer`.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core._paths import cache_dir
+from ._answer import failed_entry, read_answer
 
-__all__ = ["CompletionCache", "cache_key"]
+__all__ = ["CompletionCache", "cache_key", "merge", "split", "store_finished"]
 
 _FORMAT = 1
 
@@ -90,6 +95,45 @@ class CompletionCache:
 
     def __repr__(self) -> str:
         return f"<rlgen CompletionCache {str(self.root)!r}>"
+
+
+Answers = list[dict[str, Any]]
+
+
+def split(cache: CompletionCache, keys: Sequence[str], *, n: int) -> tuple[dict[int, Answers], list[int]]:
+    """Which of a call's prompts (one key each) the cache answers: their stored answers by prompt
+    position, and the positions of the rest, in order (the prompts to send)."""
+    hits: dict[int, Answers] = {}
+    for i, key in enumerate(keys):
+        answers = cache.get(key, n=n)
+        if answers is not None:
+            hits[i] = answers
+    return hits, [i for i in range(len(keys)) if i not in hits]
+
+
+def store_finished(cache: CompletionCache, keys: Sequence[str], sent: Sequence[int],
+                   answers: Sequence[dict[str, Any] | None], *, n: int) -> None:
+    """Store each sent prompt (`sent[j]`: its position, `answers[j*n:(j+1)*n]`: its samples) whose n
+    samples all finished; an aborted, failed or missing sample leaves its prompt unstored."""
+    for j, i in enumerate(sent):
+        got = answers[j * n:(j + 1) * n]
+        if len(got) == n and all(a is not None and read_answer(a).finished for a in got):
+            cache.put(keys[i], [a for a in got if a is not None])
+
+
+def merge(hits: Mapping[int, Sequence[dict[str, Any]]], sent: Sequence[int], answers: Sequence[dict[str, Any] | None],
+          *, prompts: int, n: int) -> Answers:
+    """A call's n answers per prompt, in prompt order: the cache's hits, the sent prompts' answers
+    (`sent[j]`'s at `answers[j*n:(j+1)*n]`), and an aborted stand-in for every sample without an
+    answer (an interrupted or failed call's)."""
+    merged: list[dict[str, Any] | None] = [None] * (prompts * n)
+    for i, stored in hits.items():
+        merged[i * n:(i + 1) * n] = list(stored)
+    for j, i in enumerate(sent):
+        for k in range(n):
+            merged[i * n + k] = answers[j * n + k] if j * n + k < len(answers) else None
+    return [a if a is not None else failed_entry("aborted before the server answered", reason="abort")
+            for a in merged]
 
 
 def _parse(raw: bytes, *, key: str, n: int) -> list[dict[str, Any]] | None:

@@ -1,14 +1,16 @@
 """The top layer: `Engine`, the object a notebook holds.
 
-Owns: composing a server process (`rlgen.server`), an HTTP client (`rlgen.client`) and the result
-object (`rlgen.rollouts`) into `Engine`, split by job: construction and lifecycle (`engine._engine`,
-`_startup`), generation (`_generation`), scoring (`_scoring`), server control (`_control`), the
-shared state (`_base`). Knows nothing below its layers' public functions.
+Owns: `Engine`, a thin face (`engine._engine`) over named parts: the server (`server._handle`),
+the connection (`_connection`), the served weights (`_served`), the adapters (`_adapter_choice`),
+server control and memory (`_memory`), provenance (`_provenance`); the work in files cut by
+concept: construction and lifecycle (`_lifecycle`, `_startup`), generation and scoring
+(`_generation`, `_scoring`), weights and adapters (`_weights`, `_adapters`), episodes
+(`_episodes`). Knows nothing below its layers' public functions.
 """
 
 from __future__ import annotations
 
-from ._base import EngineState
 from ._engine import Engine
+from ._lifecycle import EngineState
 
 __all__ = ["Engine", "EngineState"]

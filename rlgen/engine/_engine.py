@@ -1,62 +1,60 @@
-"""The user-facing `Engine`: one server (owned, kept, a fleet behind a router, or attached to) and its client.
+"""The user-facing `Engine`: a thin face over its parts.
 
-Owns: construction (`Engine(...)`: launch, reattach to a kept server, or `replicas=` behind an
-sglang-router; `Engine.connect(url)`), the client and tokenizer it connects with, its lifecycle
-(`close`, context manager, state) and introspection (`info`, reprs). Its calls come from mixins,
-one module per job: generation (`_generation`), scoring (`_scoring`), server control
-(`_control`), weights pushed from tensors (`_weights`), over the shared state in `_base`. Knows
-nothing about process signals, padding, SGLang's response format or HTML: those live in
-`rlgen.server`, `rlgen.client` and `rlgen.rollouts`.
+Owns: the public surface of `Engine` (every method, property and docstring a user sees), its
+lifecycle state (`state`, `close`, the context manager) and which part each call goes to: the
+server (`server._handle.ServerHandle`: owned, kept, a fleet behind a router, or attached), the
+connection (`_connection.Connection`: client, server info, tokenizer), the served weights
+(`_served.ServedWeights`), the adapters (`_adapter_choice.AdapterSet`), server control and memory
+(`_memory.ServerControl`), the completion cache (`_generation.CachePolicy`) and the provenance of
+results (`_provenance.Provenance`). The work is done in the modules of those parts and in
+`_lifecycle` (construction, `info`), `_generation`, `_scoring`, `_weights`, `_adapters` and
+`_episodes`. Knows nothing about process signals, padding, SGLang's answer format or HTML: those
+live in `rlgen.server`, `rlgen.client` and `rlgen.rollouts`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import os
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from ..client import _router
-from ..client._http import Client
+from typing_extensions import Unpack
+
 from ..core import _loop, _options
-from ..core._errors import RequestError
-from ..rollouts._token_text import TokenText
-from ..server import _info as _server_info
-from ..server import _keep_alive, _replicas
-from ..server._command import choose_backend, memory_fraction, server_argv
-from ..server._models import resolve_model
-from ..server._process_tree import gpu_total_mib
-from ..server._weights import WeightsHash
-from ._adapter_choice import adapters_at_start
-from ._adapters import AdaptersMixin
-from ._base import EngineState
-from ._episodes import EpisodesMixin
-from ._generation import GenerationMixin
-from ._scoring import ScoringMixin
-from ._startup import (
-    check_replicas,
-    close_client,
-    duration,
-    in_background,
-    is_loopback,
-    load_tokenizer,
-    reap_leftovers,
-    registry_kept_summary,
-    timed_load_tokenizer,
-)
+from ..core._errors import EngineClosedError, EngineError
+from ..core._options import EpisodeOptions, GenerateOptions, StreamOptions, takes_options
+from ..core._types import Prompt, Prompts
+from ..server._handle import AttachedServer, Fleet, ServerHandle
+from . import _adapters, _episodes, _generation, _lifecycle, _scoring, _weights
+from ._adapter_choice import Adapter, AdapterSet
+from ._connection import Connection
+from ._lifecycle import EngineState
+from ._memory import ServerControl
+from ._provenance import Provenance
+from ._served import ServedWeights
+from ._startup import close_client, in_background, reap_leftovers, timed_load_tokenizer
 
 if TYPE_CHECKING:
+    import pandas as pd
+    import torch
 
-    from ..client._completion_cache import CompletionCache
+    from ..client._http import Client
+    from ..compare._logprobs import LogprobCheck
+    from ..episodes import Episodes
     from ..rollouts._rollouts import Rollouts
-    from ..server._process import ServerProcess
 
 __all__ = ["Engine", "EngineState"]
 
-class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
+# A public method's `stacklevel` for warnings: the user's line is one frame up from it.
+_USER = 2
+
+
+class Engine:
     """An SGLang server owned by this notebook (or attached to), with a synchronous generate().
 
     Usage::
@@ -78,7 +76,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
             the KV cache and activations plus the weights' own share (0.2 for a 135M model, ~0.3
             for 7B on an H200), so a large model keeps the cache a small one gets.
         fast_start: start a few seconds sooner: no prefill CUDA graphs and no warm-up request
-            (decode graphs stay: decode without them is about 6x slower).
+            (decode graphs stay).
         enable_memory_saver: start SGLang so that `release_memory()` / `paused()` can free GPU
             memory.
         enable_metrics: expose SGLang's Prometheus metrics for `metrics()`.
@@ -105,8 +103,7 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
             None (default): the server dies with this Engine or its kernel.
         tp_size, dp_size: SGLang's tensor and data parallelism over this host's GPUs (`--tp-size`,
             `--dp-size`): the model split over tp_size GPUs, dp_size copies of it behind SGLang's
-            own scheduler; tp_size x dp_size GPUs in all (CUDA_VISIBLE_DEVICES picks them). Not
-            yet proven on a GPU machine by rlgen's tests.
+            own scheduler; tp_size x dp_size GPUs in all (CUDA_VISIBLE_DEVICES picks them).
         cache: the completion cache for generate() (each call can override it with `cache=`).
             True: a greedy or seeded call whose prompt, sampling parameters, n, weights (their
             content hash) and weight version were seen before returns the stored samples without
@@ -139,14 +136,25 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
             `generate(..., adapter=name)`; the adapters' memory is reserved at start. None: no LoRA.
     """
 
-    _api_key: str | None        # sent as Authorization: Bearer <key>
-    _kept: _keep_alive.Kept | None  # a kept server (keep_alive=): not owned by this Engine, shared
-    _replicas: _replicas.Replicas | None  # Engine(replicas=N): the router and the workers it owns
+    model: str                  # the served model's name
+    model_path: str             # its checkout (as the server names it)
+    backend: str                # "sglang", "cpu", or "remote" (Engine.connect)
+    url: str                    # where requests go
     reattached: bool            # True when this Engine reattached to a kept server
     # Where the constructor's time went: tokenizer_s (loaded in a background thread while the
     # server starts), server_s (launch until healthy, or finding and attaching a kept server),
     # total_s (the constructor, end to end).
     start_times: dict[str, float]
+    last_result: Rollouts | None         # the last generate()'s result, also when it was interrupted
+    last_episodes: Episodes | None = None  # the last episodes()' result, also when it was interrupted
+
+    _state: EngineState
+    _server: ServerHandle
+    _conn: Connection
+    _weights: ServedWeights
+    _adapters: AdapterSet
+    _control: ServerControl
+    _provenance: Provenance
 
     # -- construction ----------------------------------------------------------------------------
     def __init__(
@@ -177,164 +185,38 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         lora: bool | Mapping[str, Any] | None = None,
     ) -> None:
         from ..core._progress import PhaseLine
-        from ..server._process import launch_server
 
-        if api_key is not None and (not isinstance(api_key, str) or not api_key):
-            raise ValueError("api_key must be a non-empty string or None")
-        worker_env = check_replicas(replicas, gpus, keep_alive=keep_alive, tp_size=tp_size, dp_size=dp_size,
-                                    router_args=router_args)
-        keep_s = None if keep_alive is None else _keep_alive.parse_duration(keep_alive)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
-        self._server: ServerProcess | None = None
-        if gpu_memory_fraction is not None and (isinstance(gpu_memory_fraction, bool)
-                                                or not isinstance(gpu_memory_fraction, (int, float))
-                                                or not 0 < gpu_memory_fraction <= 1):
-            raise ValueError(f"gpu_memory_fraction must be in (0, 1] or None (rlgen's default), got {gpu_memory_fraction!r}")
-        # 1) What to serve, and with which backend.
-        resolved = resolve_model(model)
-        self.model, self.model_path = resolved.name, resolved.path
-        self.backend = choose_backend(backend)
-        if gpu_memory_fraction is None:
-            gpu_total = gpu_total_mib() if self.backend == "sglang" else None
-            gpu_memory_fraction = memory_fraction(resolved.path, gpu_total_mib=gpu_total, tp_size=tp_size)
-        self._memory_saver = enable_memory_saver
-        self._metrics_enabled = enable_metrics
-        argv = server_argv(
-            self.backend,
-            resolved.path,
-            gpu_memory_fraction=gpu_memory_fraction,
-            fast_start=fast_start,
-            enable_memory_saver=enable_memory_saver,
-            enable_metrics=enable_metrics,
-            server_args=server_args,
-            tp_size=tp_size,
-            dp_size=dp_size,
-            lora=_options.lora_options(lora),
-        )
-        # 2) Load the tokenizer while the server starts (a kernel's first transformers import takes
-        #    seconds). Stop servers left behind by dead kernels (their GPU memory is ours to reuse),
-        #    then launch and wait for a real one-token generation, showing one status line.
+        plan = _lifecycle.plan_launch(
+            model, backend=backend, gpu_memory_fraction=gpu_memory_fraction, fast_start=fast_start,
+            enable_memory_saver=enable_memory_saver, enable_metrics=enable_metrics, server_args=server_args,
+            api_key=api_key, keep_alive=keep_alive, tp_size=tp_size, dp_size=dp_size, replicas=replicas, gpus=gpus,
+            router_args=router_args, lora=lora)
+        self.model, self.model_path, self.backend = plan.model, plan.model_path, plan.backend
+        # Load the tokenizer and hash the weights while the server starts (a kernel's first
+        # transformers import takes seconds). Stop servers left behind by dead kernels (their GPU
+        # memory is ours to reuse), then start or reattach, showing one status line.
         t0 = time.monotonic()
-        tokenizer = in_background(timed_load_tokenizer, resolved.path, self.start_times)
-        self._weights = WeightsHash(resolved.path)  # for records and the cache; read while the server starts
+        tokenizer = in_background(timed_load_tokenizer, plan.model_path, self.start_times)
+        weights = ServedWeights(plan.model_path)
         reap_leftovers()
         line = PhaseLine(f"rlgen {self.backend} server", show=progress)
-        notes: list[str] = []
-        if keep_s is not None:
-            # 2b) A kept server of this user with these very options: reattach instead of launching.
-            key = _keep_alive.options_key(argv, host, port, dict(env or {}))
-            kept, notes = _keep_alive.find(key, resolved.path, argv)
-            if kept is not None:
-                self._reattach(kept, tokenizer, line, notes, t0=t0, keep_alive_s=keep_s)
-                return
-            api_key = api_key or _keep_alive.new_api_key()  # each kept server requires its own key
-            self._api_key = api_key
-        if api_key is None and not is_loopback(host):
-            # A server others can reach must not serve anyone who asks: generate a key (SGLang's
-            # --api-key; /health* stays open), send it, and let the user read it to share it.
-            api_key = self._api_key = _keep_alive.new_api_key()
-            notes.append(f"listening on {host}: requests need the API key in eng.api_key")
-        if api_key is not None:
-            # One argument, so a key that starts with "-" is not read as a flag; kept out of logs
-            # and registry records (`redacted`).
-            argv.append(f"--api-key={api_key}")
-        t_server = time.monotonic()
-        if replicas > 1:
-            self._launch_replicas(argv, replicas, worker_env, line=line, notes=notes, host=host, port=port, env=env,
-                                  log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key,
-                                  router_args=router_args)
-            self.start_times["server_s"] = time.monotonic() - t_server
-            self._connect_owned(tokenizer, t0)
-            return
+        started = _lifecycle.start_or_attach(
+            plan, line=line, api_key=api_key, host=host, port=port, env=env, log_dir=log_dir,
+            startup_timeout=startup_timeout, replicas=replicas, router_args=router_args, t0=t0)
+        self._server, self._api_key, self.url = started.server, started.api_key, started.server.url
+        self.reattached = started.reattached
+        self.start_times["server_s"] = started.server_s
         try:
-            server = launch_server(
-                argv, host=host, port=port, env=env, log_dir=log_dir,
-                startup_timeout=startup_timeout, on_phase=line.update,
-                _pdeathsig=keep_s is None,  # a kept server outlives this process
-            )
+            self._connect(tokenizer, weights, memory_saver=enable_memory_saver, metrics_enabled=enable_metrics)
         except BaseException:
-            self._state = EngineState.FAILED
-            line.close(ok=False)
-            raise
-        self.url = server.url
-        self.start_times["server_s"] = time.monotonic() - t_server
-        if keep_s is not None and api_key is not None:
-            server.release()  # its watchdog stops it now, not this process
-            self._kept = _keep_alive.keep(
-                pid=int(server.pid or 0), key=key, url=server.url, api_key=api_key, keep_alive_s=keep_s,
-                model=self.model, model_path=resolved.path, backend=self.backend, argv=argv,
-                log_dir=server.log_path.parent,
-            )
-            notes.insert(0, f"kept {duration(keep_s)} after its last use")
-        else:
-            self._server = server
-        line.close(ok=True, message="; ".join(["ready", *notes]))
-        # 3) Client, tokenizer and what the server says about itself.
-        try:
-            self._connect(tokenizer=tokenizer)
-        except BaseException:
-            self._state = EngineState.FAILED
-            if self._kept is not None:
-                _keep_alive.stop(self._kept)
-            server.close()
+            self._server.close(stop=not started.reattached)  # a reattached kept server is only detached
+            if started.line_open:
+                line.close(ok=False, message=started.failure)
             raise
         self.start_times["total_s"] = time.monotonic() - t0
-
-    def _launch_replicas(self, argv: list[str], replicas: int, worker_env: list[dict[str, str]], *, line: Any,
-                         notes: list[str], host: str, port: int | None, env: Mapping[str, str] | None,
-                         log_dir: str | os.PathLike[str] | None, startup_timeout: float, api_key: str | None,
-                         router_args: Mapping[str, Any] | None) -> None:
-        """`replicas` servers and a router in front (rlgen.server._replicas); this Engine talks to the router."""
-        try:
-            fleet = _replicas.launch_replicas(
-                argv, replicas, concurrent_start=self.backend == "cpu", host=host, port=port, env=env,
-                worker_env=worker_env,
-                log_dir=log_dir, startup_timeout=startup_timeout, api_key=api_key, router_args=router_args,
-                on_phase=line.update)
-        except BaseException:
-            self._state = EngineState.FAILED
-            line.close(ok=False)
-            raise
-        self._replicas = fleet
-        self._server = fleet.router
-        self._behind_router = True
-        self.url = fleet.router.url
-        line.close(ok=True, message="; ".join([f"ready: {replicas} servers behind an sglang-router", *notes]))
-
-    def _connect_owned(self, tokenizer: concurrent.futures.Future[Any], t0: float) -> None:
-        """Connect to the router of `replicas`; on failure stop everything."""
-        try:
-            self._connect(tokenizer=tokenizer)
-        except BaseException:
-            self._state = EngineState.FAILED
-            if self._replicas is not None:
-                self._replicas.close()
-            raise
-        if isinstance(self._client, _router.RouterClient) and self._replicas is not None:
-            # Ours: rlgen sees the workers' processes, so it may re-send what a dead one dropped.
-            self._client.workers_alive = self._replicas.workers_alive
-            self._client.resend_limit = _router.OWNED_RESEND_LIMIT
-        self.start_times["total_s"] = time.monotonic() - t0
-
-    def _reattach(self, kept: _keep_alive.Kept, tokenizer: concurrent.futures.Future[Any], line: Any, notes: list[str],
-                  *, t0: float, keep_alive_s: float) -> None:
-        """Use kept server `kept` instead of launching one: attach (this Engine's keep_alive from
-        now on), then connect with its key."""
-        idle = kept.idle_s()
-        self._kept = _keep_alive.attach(kept, keep_alive_s=keep_alive_s)
-        self._api_key = kept.api_key
-        self.url = kept.url
-        self.reattached = True
-        self.start_times["server_s"] = time.monotonic() - t0
-        try:
-            self._connect(tokenizer=tokenizer)
-            self.start_times["total_s"] = time.monotonic() - t0
-        except BaseException:
-            self._state = EngineState.FAILED
-            _keep_alive.detach(self._kept)
-            line.close(ok=False, message=f"could not reattach to kept server pid {kept.pid}")
-            raise
-        line.close(ok=True, message="; ".join([f"reattached to pid {kept.pid} (idle {duration(idle)})", *notes]))
+        if started.line_open:
+            line.close(ok=True, message=started.message)
 
     @classmethod
     def connect(
@@ -364,76 +246,120 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         """
         self = cls.__new__(cls)
         self._init_common(progress=progress, request_timeout=request_timeout, api_key=api_key, cache=cache)
-        self._server = None
         self.url = url.rstrip("/")
+        self._server = AttachedServer(self.url)
         self.backend = "remote"
-        self._memory_saver = True  # the server's choice; SGLang answers if it cannot
-        self._metrics_enabled = True
-        probe = Client(self.url, api_key=api_key)
-        try:
-            info = _loop.run_sync(probe.get_info("model", timeout=30))
-            self._behind_router = _loop.run_sync(_router.is_router(probe))
-        finally:
-            _loop.run_sync(probe.aclose())
-        self.model_path = info.get("model_path", "")
+        model_info, behind_router = _lifecycle.probe(self.url, api_key=api_key)
+        self.model_path = model_info.get("model_path", "")
         self.model = Path(self.model_path).name or self.model_path
-        self._weights = WeightsHash(self.model_path if self.model_path and Path(self.model_path).is_dir() else None)
-        self._connect(tokenizer=tokenizer if tokenizer is not None else (info.get("tokenizer_path") or self.model_path))
+        weights = ServedWeights(self.model_path, hashable=ServedWeights.is_local(self.model_path))
+        # The server's choices: SGLang answers if it cannot release memory or has no metrics.
+        self._connect(tokenizer if tokenizer is not None else (model_info.get("tokenizer_path") or self.model_path),
+                      weights, memory_saver=True, metrics_enabled=True, model_info=model_info,
+                      behind_router=behind_router)
         return self
 
-    def _init_common(self, *, progress: bool | None, request_timeout: float | None, api_key: str | None = None,
-                     cache: bool | str = False) -> None:
-        self._cache_mode = _options.cache_mode("cache", cache) or False
-        self._completions: CompletionCache | None = None  # opened at the first call that uses it
-        self._warned_unseeded = False
-        self._weights = WeightsHash(None)
-        self._gpu_name: str | None = None
+    def _init_common(self, *, progress: bool | None, request_timeout: float | None, api_key: str | None,
+                     cache: bool | str) -> None:
+        """What every Engine holds before its server is known."""
+        self._cache = _generation.CachePolicy(_options.cache_mode("cache", cache) or False)
+        self._hints = _generation.CallWarnings()
         self._state = EngineState.FAILED  # until _connect() succeeds
         self._progress = progress
         self._api_key = api_key
-        self._kept = None
+        self._request_timeout = request_timeout
         self.reattached = False
         self.start_times = {}
-        self._request_timeout = request_timeout
-        self.last_result: Rollouts | None = None  # the last generate()'s result, also when it was interrupted
+        self.last_result = None
+        self.last_episodes = None
         self._gpu_memory_released: bool | None = None
-        self._weight_updates = 0
-        self._weights_path: str | None = None  # where the served weights were last loaded from
-        self._weights_pushed: str | None = None  # the version pushed from tensors, while the server serves it
-        self._disk_version: str | None = None    # the version the weights at _weights_path had before that push
-        self._released: set[str] = set()      # memory tags released and not yet resumed
-        self._behind_router = False           # connect() to an sglang-router: see rlgen.client._router
-        self._replicas = None
-        self._adapters = {}                   # LoRA adapters the server holds, by name (engine._adapters)
-        self._adapter_loads: dict[str, int] = {}  # loads per adapter name
 
-    def _connect(self, *, tokenizer: Any) -> None:
-        """Client, server info and tokenizer (an object, a path, or the future of the one loading in a
-        thread: the server is asked first, so that the first request's imports, aiohttp's, overlap
-        the tokenizer's load instead of following it)."""
-        client_type = _router.RouterClient if self._behind_router else Client
-        self._client = client_type(self.url, request_timeout=self._request_timeout,
-                                   on_connection_error=self._on_connection_error, api_key=self._api_key)
-        try:
-            self._server_info = _loop.run_sync(self._client.get_info("server", timeout=60))
-            self._weight_version = _loop.run_sync(self._client.get_info("model", timeout=60)).get("weight_version")
-            self._adapters = adapters_at_start(self._server_info)
-            if isinstance(tokenizer, concurrent.futures.Future):
-                tokenizer = tokenizer.result()
-            self.tokenizer = load_tokenizer(tokenizer)
-        except BaseException:
-            close_client(self._client)  # its session is open now: no "unclosed session" at exit
-            raise
-        self._token_text = TokenText(self.tokenizer)  # each result's decode: token text for its view
-        self._vocab_size = len(self.tokenizer)  # once: some tokenizers rebuild the vocabulary for len()
-        self.context_length = _server_info.context_length(self._server_info, self.tokenizer, self.model_path)
+    def _connect(self, tokenizer: Any, weights: ServedWeights, *, memory_saver: bool, metrics_enabled: bool,
+                 model_info: Mapping[str, Any] | None = None, behind_router: bool | None = None) -> None:
+        """Connect to `self._server` and build the parts; on failure `_state` stays FAILED."""
+        fleet = self._server if isinstance(self._server, Fleet) else None
+        conn, version = _lifecycle.open_connection(
+            self.url, behind_router=fleet is not None if behind_router is None else behind_router,
+            request_timeout=self._request_timeout, api_key=self._api_key,
+            on_connection_error=self._on_connection_error, check_ready=self._check_ready, tokenizer=tokenizer,
+            model_path=self.model_path, progress=self._progress, model_info=model_info,
+            workers_alive=fleet.replicas.workers_alive if fleet is not None else None)
+        weights.version = version
+        self._conn, self._weights = conn, weights
+        self._adapters = AdapterSet(conn.server_info)
+        self._control = ServerControl(conn.client, memory_saver=memory_saver, metrics_enabled=metrics_enabled)
+        self._provenance = Provenance(model=self.model, model_path=self.model_path, backend=self.backend,
+                                      server_version=conn.server_info.get("version"), server=self._server,
+                                      weights=weights, adapters=self._adapters)
         self._state = EngineState.READY
-        self._finalizer = weakref.finalize(self, close_client, self._client)
+        self._finalizer = weakref.finalize(self, close_client, conn.client)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def state(self) -> EngineState:
+        """READY, FAILED (the server died: create a new Engine) or CLOSED. Reading it changes nothing."""
+        server = getattr(self, "_server", None)
+        if self._state is EngineState.READY and server is not None and not server.alive():
+            return EngineState.FAILED
+        return self._state
+
+    def _check_ready(self) -> None:
+        state = self.state
+        if state is EngineState.CLOSED:
+            raise EngineClosedError("this Engine is closed; create a new one with rlgen.Engine(...)")
+        if state is EngineState.FAILED:
+            self._server.assert_alive()  # an owned server: ServerDiedError with exit code and log tail
+            raise EngineError("this Engine's server has failed; create a new Engine")
+
+    def _on_connection_error(self) -> None:
+        if not self._server.alive():
+            self._state = EngineState.FAILED
+            self._server.assert_alive()
+
+    def close(self, *, stop: bool = False) -> None:
+        """Stop the server this Engine owns (never one it attached to). Idempotent.
+
+        A kept server (`keep_alive=`) is only detached: its idle timer starts now; `stop=True`
+        stops it at once.
+        """
+        if self._state is EngineState.CLOSED:
+            return
+        self._state = EngineState.CLOSED
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.close(stop=stop)
+            self._gpu_memory_released = server.wait_gpu_memory_released(timeout=30)
+
+    def __enter__(self) -> Engine:
+        self._check_ready()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- introspection ---------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer this Engine encodes prompts and decodes tokens with."""
+        return self._conn.tokenizer
+
+    @property
+    def context_length(self) -> int | None:
+        """The server's context length (prompt + completion tokens), None where it says none."""
+        return self._conn.context_length
+
+    @property
+    def _client(self) -> Client:
+        """The HTTP client (the connection's)."""
+        return self._conn.client
 
     @property
     def server_info(self) -> dict[str, Any]:
         """What the server said about itself at connection (SGLang's `/server_info`), as a copy."""
-        return dict(self._server_info)
+        return dict(self._conn.server_info)
 
     @property
     def gpu_memory_released(self) -> bool | None:
@@ -449,44 +375,8 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
     @property
     def log_path(self) -> str | None:
         """The server's log file (None for a server this Engine attached to with `connect`)."""
-        if self._kept is not None:
-            return self._kept.record.log_path
-        return str(self._server.log_path) if self._server is not None else None
+        return self._server.log_path
 
-    def close(self, *, stop: bool = False) -> None:
-        """Stop the server this Engine owns (never one it attached to). Idempotent.
-
-        A kept server (`keep_alive=`) is only detached: its idle timer starts now; `stop=True`
-        stops it at once.
-        """
-        if self._state is EngineState.CLOSED:
-            return
-        self._state = EngineState.CLOSED
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
-        if self._kept is not None:
-            if stop:
-                _keep_alive.stop(self._kept)
-            else:
-                _keep_alive.detach(self._kept)
-        fleet = getattr(self, "_replicas", None)
-        server = getattr(self, "_server", None)
-        if fleet is not None:  # the router first, then the workers
-            fleet.close()
-            self._gpu_memory_released = fleet.wait_gpu_memory_released(timeout=30)
-        elif server is not None:
-            server.close()
-            self._gpu_memory_released = server.wait_gpu_memory_released(timeout=30)
-
-    def __enter__(self) -> Engine:
-        self._check_ready()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # -- introspection ---------------------------------------------------------------------------
     @property
     def info(self) -> dict[str, Any]:
         """Model, backend, versions, where the server is, its command line, and the GPU memory it holds.
@@ -497,76 +387,309 @@ class Engine(GenerationMixin, ScoringMixin, EpisodesMixin, AdaptersMixin):
         weights, KV cache, CUDA graphs in GB, as read when the Engine connected). The driver's
         counts are None where it lists none of the processes (CPU machines, some containers).
         """
-        from .._version import __version__
-        from ..server._process_tree import gpu_memory_per_gpu
-
-        server, kept = self._server, self._kept
-        # Where the server is: one this Engine owns, a kept one it shares, or none (connect()).
-        pid, port, pids = (
-            (server.pid, server.port, self._replicas.pids() if self._replicas is not None else server.pids())
-            if server is not None
-            else (kept.pid, kept.record.port, [kept.pid]) if kept is not None
-            else (None, None, None)
-        )
-        command = self._command()
-        per_gpu = gpu_memory_per_gpu(pids) if pids is not None else None  # one reading of the driver for both
-        info = {
-            "state": self.state.value,
-            "model": self.model,
-            "model_path": self.model_path,
-            "backend": self.backend,
-            "url": self.url,
-            "pid": pid,
-            "port": port,
-            "log_path": self.log_path,
-            "command": command,
-            "context_length": self.context_length,
-            "server_version": self._server_info.get("version"),
-            "rlgen_version": __version__,
-            "gpu_memory_mib": sum(per_gpu.values()) if per_gpu else None,
-            "gpu_memory_per_gpu": per_gpu,
-            "memory_usage": _server_info.memory_usage(self._server_info),
-            "router": self._router_info(),
-        }
-        if kept is not None:
-            info["kept"] = registry_kept_summary(kept.pid)
-        return info
-
-    def _router_info(self) -> dict[str, Any] | None:
-        """Behind a router: its workers as it lists them now (or as last seen, if it does not answer)."""
-        client = self._client if self._behind_router and self._state is EngineState.READY else None
-        if not isinstance(client, _router.RouterClient):
-            return None
-        info: dict[str, Any] = {"url": self.url}
-        try:
-            _loop.run_sync(client.list_workers(timeout=5))
-        except RequestError as err:
-            info["error"] = str(err)
-        info["workers"] = [w.as_dict() for w in client.workers]
-        if self._replicas is not None:  # ours: add pid and log path of the router and each worker
-            owned = self._replicas.describe()
-            info.update(owned["router"])
-            by_url = {w["url"]: w for w in owned["workers"]}
-            for w in info["workers"]:
-                w["router_healthy"] = w["healthy"]  # the router's flag: stale until its next health check
-                w.update(by_url.get(w["url"], {}))
-            info["workers"] += [{**w, "healthy": None, "router_healthy": None}
-                                for url, w in by_url.items() if url not in {x["url"] for x in info["workers"]}]
-            for w in info["workers"]:  # what rlgen sees: a dead process is unhealthy, whatever the router says
-                alive = w.pop("alive", None)
-                if alive is False:
-                    w["healthy"] = False
-        return info
+        where = _lifecycle.engine_info(server=self._server, conn=self._conn, url=self.url,
+                                       ready=self._state is EngineState.READY)
+        return {"state": self.state.value, "model": self.model, "model_path": self.model_path,
+                "backend": self.backend, "url": self.url, **where}
 
     def __repr__(self) -> str:
-        server, kept = getattr(self, "_server", None), getattr(self, "_kept", None)
-        pid = server.pid if server is not None else (kept.pid if kept is not None else None)
-        where = (f"pid={pid} " if pid is not None else "") + ("kept " if kept is not None else "")
-        if getattr(self, "_behind_router", False):
-            where += "router "
-        return f"<rlgen.Engine {self.model!r} backend={self.backend} {where}url={self.url} state={self.state.value}>"
+        server = getattr(self, "_server", None)
+        where = server.describe() if server is not None else {"kind": None, "pid": None}  # no I/O
+        text = (f"pid={where['pid']} " if where["pid"] is not None else "") + ("kept " if where["kind"] == "kept" else "")
+        conn = getattr(self, "_conn", None)
+        if conn is not None and conn.behind_router:
+            text += "router "
+        return f"<rlgen.Engine {self.model!r} backend={self.backend} {text}url={self.url} state={self.state.value}>"
 
     def _repr_html_(self) -> str:
         from ..rollouts._display import engine_html
 
         return engine_html(self)
+
+    # -- generation ------------------------------------------------------------------------------
+    @takes_options(GenerateOptions)
+    def generate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
+        """Generate `n` samples for each prompt; returns a `Rollouts` (a row per sample).
+
+        `prompts`: a string, a list of strings, a list of token-id lists, one chat (a list of
+        {"role", "content"} messages) or a list of chats (rendered with the model's chat template).
+        The options (below) are SGLang's sampling parameters and rlgen's own; every one is checked
+        before anything is sent.
+
+        Raises:
+            TypeError / ValueError: bad prompts or options (nothing was sent).
+            ServerRequestError: the server rejected a request (`.prompt_index` names the first
+                prompt of it). KeyboardInterrupt: Ctrl-C; in-flight requests were aborted on the
+                server, finished samples are in `eng.last_result`.
+        """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(GenerateOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        call = self._prepare(prompts, options, resolved=opts, stacklevel=_USER + 1)
+        try:
+            _generation.send(self._conn, call)
+        except BaseException:
+            self.last_result = self._build(call, failed=True)
+            raise
+        self.last_result = self._build(call)
+        return self.last_result
+
+    @takes_options(GenerateOptions)
+    async def agenerate(self, prompts: Prompts, /, **options: Unpack[GenerateOptions]) -> Rollouts:
+        """`generate()` for `await` (e.g. at the top level of a notebook cell): the same options."""
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(GenerateOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        call = self._prepare(prompts, options, resolved=opts, stacklevel=_USER + 1)
+        try:
+            await _generation.asend(self._conn, call)
+        except BaseException:
+            self.last_result = self._build(call, failed=True)
+            raise
+        self.last_result = self._build(call)
+        return self.last_result
+
+    @takes_options(StreamOptions)
+    def stream(self, prompt: Prompt, /, **options: Unpack[StreamOptions]) -> Iterator[str]:
+        """Yield the text of one prompt's completion piece by piece, as it is generated.
+
+        Takes the sampling options of generate(); one prompt, one sample. Breaking out of the loop
+        aborts the request on the server.
+        """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(StreamOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        payload = _generation.stream_payload(self._conn, self._adapters, prompt, opts, stacklevel=_USER + 1)
+        return _loop.iterate(_generation.text_pieces(self._conn, payload))
+
+    def _prepare(self, prompts: Prompts, options: Mapping[str, Any], *, resolved: dict[str, Any] | None = None,
+                 stacklevel: int = _USER) -> _generation.Call:
+        """A generate() call checked and prepared (nothing sent yet). `resolved`: the options already checked."""
+        opts = _options.resolve(GenerateOptions, options) if resolved is None else resolved
+        return _generation.prepare(self._conn, self._adapters, self._cache, self._weights, self._hints, prompts,
+                                   opts, stacklevel=stacklevel + 1)
+
+    def _build(self, call: _generation.Call, *, failed: bool = False) -> Rollouts:
+        return _generation.build(self._conn, self._adapters, self._provenance, self._cache, call, failed=failed)
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(self, prompts: Prompts | Rollouts, completions: Sequence[str] | Sequence[Sequence[int]] | None = None,
+              *, adapter: str | Sequence[str | None] | EllipsisType | None = ..., progress: bool | None = None) -> Rollouts:
+        """Logprobs of given tokens under the model (one prefill each, no sampling).
+
+        `adapter`: the LoRA adapter to score under, or one per prompt/row (None = the base model).
+        Default: a `Rollouts`' rows under the adapter each was sampled with (its `adapter` column),
+        prompts under the base model; `adapter=None` re-scores any rows under the base model. A
+        name means the adapter loaded under it now: rows sampled with an earlier load of "policy"
+        are scored under the latest (their `res.record["adapters"]` says which load made them).
+
+        `eng.score(prompts, completions)`: one completion (text or token ids) per prompt.
+        `eng.score(res)`: the exact sampled ids of every row of a `Rollouts` (its prompt ids and
+        response ids, the EOS token included), rows in `res`'s order, so that the result's tensors
+        have `res.tensors()`'s shapes and masks: `res.logprobs` and `eng.score(res).logprobs` line
+        up position by position (the basis of reference-model and KL checks).
+
+        A text completion is tokenized as it is, without the EOS token the model generated after
+        it: its logprob sum differs from the sampled row's by that token's logprob (and by any
+        token boundary that tokenizing the text draws differently). Re-score a `Rollouts` to
+        compare with what was sampled.
+
+        Returns a `Rollouts` whose responses are the scored tokens and whose `logprobs` are the
+        model's log-probabilities of them from raw logits (temperature 1, no top-p/top-k);
+        finish_reason is "score".
+        """
+        return _scoring.score(self._conn, self._adapters, prompts, completions, model=self.model, adapter=adapter,
+                              progress=progress)
+
+    def check_logprobs(self, rollouts: Rollouts, *, max_diff: float | None = None, mean_diff: float | None = None,
+                       progress: bool | None = None) -> LogprobCheck:
+        """Re-score the rollouts' own tokens (`score(rollouts)`) and compare with their sampled logprobs.
+
+        Returns a `LogprobCheck` that answers two questions apart: `aligned` (no more than 1% of
+        tokens off by more than `max_diff`: catches an off-by-one or another model, which are off
+        by nats) and `weights_match` (mean |diff| within `mean_diff`, the backend's rounding noise:
+        weights that differ by less than that noise cannot be told apart). The default bounds are
+        float rounding on the CPU backend (float32) and bf16 rounding on SGLang (docs/decisions.md,
+        "check_logprobs"); pass `max_diff=` / `mean_diff=` to choose.
+
+        Sampled logprobs are comparable with a re-score only when they come from raw logits:
+        SGLang reports `log_softmax(logits / temperature)` after penalties and logit bias (and
+        before top-p/top-k/min-p filtering, so those do not matter), while a re-score uses the raw
+        logits. Rollouts sampled at a temperature other than 1 (greedy counts as 1), or with
+        penalties, are therefore not re-scored, and the verdict says why.
+        """
+        return _scoring.check_logprobs(self._conn, self._adapters, rollouts, model=self.model, max_diff=max_diff,
+                                       mean_diff=mean_diff, progress=progress)
+
+    # -- episodes --------------------------------------------------------------------------------
+    @takes_options(EpisodeOptions)
+    def episodes(self, prompts: Any, *, env: Any, **options: Unpack[EpisodeOptions]) -> Episodes:
+        """Run `n` multi-turn episodes per prompt, concurrently; returns `Episodes`, a `Rollouts`
+        with a row per episode (`.df`; `.turns` a row per turn; `.tensors()` with `loss_mask`,
+        `turn_ids` and `roles`; `.check_drift()`; rewards, parquet, the view as for `generate`).
+
+        Each assistant turn is sampled token in, token out: the next request is the previous ids
+        plus the chat template's delta for the environment's new messages, sent as `input_ids`, so
+        the history is never re-tokenized and the server's prefix cache serves it.
+
+        Args:
+            prompts: a chat, a str, or a list of them (a str is one user message).
+            env: a function `env(messages, data)` (sync or async) returning the next message(s)
+                (a str, a message dict, a list of them) or None / "done"; a class with
+                `reset(data)` / `step(messages)` (one instance per episode) or a factory of such
+                objects; or `rlgen.episodes.tool_env(tools)` (or a list of tool functions).
+
+        The options (below) are generate()'s sampling parameters, per assistant turn (`seed=`, or
+        its SGLang name `sampling_seed=`: episode j of a prompt draws with seed + j), and the
+        episodes' own; every one is checked before anything is sent.
+
+        Raises:
+            TypeError / ValueError: bad prompts, env, data or options, or a chat template that does
+                not compile (nothing was sent).
+            KeyboardInterrupt: Ctrl-C; in-flight requests were aborted on the server, and
+                `eng.last_episodes` holds every episode (the unfinished ones "cancelled").
+        """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(EpisodeOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        return _episodes.episodes(self._conn, self._provenance, self._keep_episodes, prompts, env=env, opts=opts)
+
+    def _keep_episodes(self, episodes: Episodes) -> None:
+        self.last_episodes = episodes
+
+    # -- weights ---------------------------------------------------------------------------------
+    def update_weights_from_disk(self, path: str | os.PathLike[str], *, weight_version: str | None = None,
+                                 retries: int = 3, backoff_s: float = 1.0) -> str:
+        """Load new weights from a checkout on the server's disk; returns the new weight version.
+
+        Retries transient failures (connection errors, HTTP 5xx/503) with backoff; a rejected path
+        (HTTP 400) fails at once. The version defaults to "<dir name>@<n>" so rows stay traceable.
+        Behind a router every worker loads it, at once; if some fail, WorkerRequestError names them.
+        """
+        return _weights.from_disk(self._conn, self._control, self._weights, self._server, path,
+                                  weight_version=weight_version, retries=retries, backoff_s=backoff_s)
+
+    def update_weights(self, weights: torch.nn.Module | Mapping[str, Any] | Iterable[tuple[str, Any]], *,
+                       weight_version: str | None = None, bucket_mb: float | None = None, flatten: bool = False,
+                       retries: int = 3, backoff_s: float = 1.0, progress: bool | None = None) -> str:
+        """Load the trainer's weights into the server from memory; returns the new weight version.
+
+        `weights`: a transformers `PreTrainedModel` (or any torch module whose `state_dict()` has
+        the checkpoint's names), its `state_dict()`, or (name, tensor) pairs; a subset of the
+        tensors updates those only. Wrapper names are undone (torch.compile, DDP, PEFT); LoRA
+        weights must be merged first (`model.merge_adapter()`); a head tied to the embedding is
+        not sent. Names and shapes are checked against the served checkpoint before anything is
+        sent (WeightsError: nothing changed).
+
+        On SGLang the tensors stay where they are: the server maps their GPU memory (CUDA IPC),
+        so they must be on the server's GPU, in this machine; otherwise save them and use
+        `update_weights_from_disk`. The CPU backend gets them by value. Don't change them until
+        the call returns.
+
+        `bucket_mb`: tensors per request, by size (None: 512 MiB by CUDA IPC, 64 MiB by value): what
+        a request costs in extra memory (by value:
+        CPU copies and their encoding; `flatten=True`: one flat copy of the bucket on the GPU,
+        SGLang's "flattened_bucket" format, one IPC handle per bucket instead of one per tensor).
+        The prefix cache is flushed, and `weight_version` (default "tensors@<n>") set, with the
+        last request; rows record it. A failure after some requests leaves a mix of weights (the
+        message says so). Retries transient failures (5xx, lost connections) like
+        `update_weights_from_disk`. Inside `with eng.paused():` the weights' memory comes back
+        first, and the old weights are reloaded from disk under a push that does not cover
+        every tensor; the rest of the memory comes back when the block ends.
+        """
+        return _weights.from_tensors(self._conn, self._control, self._weights, self._server, weights, url=self.url,
+                                     weight_version=weight_version, bucket_mb=bucket_mb, flatten=flatten,
+                                     retries=retries, backoff_s=backoff_s, progress=progress)
+
+    # -- memory and server control ---------------------------------------------------------------
+    def flush_cache(self) -> None:
+        """Drop the server's prefix (radix) cache. SGLang refuses while requests are running."""
+        self._check_ready()
+        self._control.flush_cache()
+
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Release the server's GPU memory (KV cache, weights); generate() fails until resume_memory()."""
+        self._check_ready()
+        self._control.release(tags)
+
+    def resume_memory(self, tags: Sequence[str] | None = None, *, load: str | os.PathLike[str] | None = None,
+                      weight_version: str | None = None) -> None:
+        """Take the GPU memory back; weights released earlier are reloaded so outputs are unchanged.
+
+        `load`: a checkpoint to load instead (`update_weights_from_disk(load, weight_version=)`):
+        one load rather than reloading the old weights and then loading new ones, and the old
+        checkpoint need not exist any more.
+
+        Weights pushed from tensors (`update_weights`) are not on disk: a reload brings back the
+        checkpoint loaded before them, under its version. Push inside `paused()` to avoid that.
+        """
+        self._check_ready()
+        resumed = self._control.resume(tags)
+        if load is not None:
+            self.update_weights_from_disk(load, weight_version=weight_version)
+        elif "weights" in resumed:
+            # SGLang's resume restores the weights' memory but not their values (greedy output comes
+            # back empty; the CPU backend does the same): reload them from disk, under their version.
+            _weights.reload_from_disk(self._control, self._weights, "resume_memory() reloading the weights")
+
+    @contextlib.contextmanager
+    def paused(self, *, load: str | os.PathLike[str] | None = None, weight_version: str | None = None
+               ) -> Iterator[None]:
+        """Free the server's GPU memory for the block (e.g. a training step), then take it back.
+
+        `load`: the checkpoint the block writes (e.g. `policy.save_pretrained(path)`); leaving the
+        block loads it in place of the old weights, as `weight_version` (one load, not a reload of
+        the old weights plus `update_weights_from_disk`). If the block raises, the old weights come
+        back instead.
+        """
+        self.release_memory()
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            if finished:
+                self.resume_memory(load=load, weight_version=weight_version)
+            else:
+                self.resume_memory()
+
+    def metrics(self) -> pd.DataFrame:
+        """SGLang's Prometheus metrics as a DataFrame (name, labels, value); needs enable_metrics=True."""
+        self._check_ready()
+        return self._control.metrics()
+
+    # -- adapters --------------------------------------------------------------------------------
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        """The LoRA adapters the server holds, by name (a copy): where each came from, its rank and
+        content hash. Empty when the server serves no adapters (see `Engine(lora=...)`)."""
+        return dict(self._adapters.by_name)
+
+    @property
+    def serves_lora(self) -> bool:
+        """Whether the server was started with LoRA serving (`Engine(lora=...)`)."""
+        return self._adapters.serves_lora
+
+    def load_adapter(self, name: str, adapter: Any, *, adapter_name: str = "default", pinned: bool = False) -> Adapter:
+        """Load a LoRA adapter into the server under `name`; `generate(..., adapter=name)` then samples with it.
+
+        `adapter`: a directory PEFT's `save_pretrained` wrote (the server reads it: it must be on the
+        server's machine), or a PEFT model in memory (`peft.PeftModel`; `adapter_name` picks one of
+        its adapters): its LoRA tensors go to the server without disk, by CUDA IPC when they are on
+        the server's GPU, else by value (an adapter is small). A name already loaded is replaced (e.g.
+        the adapter after another training step). `pinned`: SGLang keeps it in GPU memory.
+
+        The server must serve LoRA (`Engine(lora=True)` or `lora={...}`), with a `max_rank` and
+        `target_modules` that cover the adapter; AdapterError says what to change otherwise, before
+        anything is sent. Returns what the Engine records about it (also in `eng.adapters`).
+        """
+        return _adapters.load_adapter(self._conn, self._control, self._adapters, self._server, name, adapter,
+                                      adapter_name=adapter_name, pinned=pinned)
+
+    def unload_adapter(self, name: str) -> None:
+        """Remove adapter `name` from the server (SGLang waits for the requests that use it)."""
+        _adapters.unload_adapter(self._conn, self._control, self._adapters, name)

@@ -1,8 +1,8 @@
 """The construction helpers of `Engine`: checks and loads that run before or while a server starts.
 
 Owns: checking `replicas=` / `gpus=` / `router_args=`, loading the tokenizer in a background thread, stopping
-servers of dead kernels before a start, whether a host is loopback, durations as text, a kept
-server's registry summary, a tokenizer's pad id, and closing a client at garbage collection.
+servers of dead kernels before a start, whether a host is loopback, durations as text, and closing
+a client at garbage collection.
 Knows nothing about the Engine object itself.
 """
 
@@ -22,8 +22,8 @@ from ..core import _loop
 from ..core._errors import EngineError
 from ..server import _replicas
 
-__all__ = ["check_replicas", "close_client", "duration", "in_background", "is_loopback", "load_tokenizer", "pad_id",
-           "reap_leftovers", "registry_kept_summary", "timed_load_tokenizer"]
+__all__ = ["check_replicas", "close_client", "duration", "in_background", "is_loopback", "load_tokenizer",
+           "reap_leftovers", "timed_load_tokenizer"]
 
 
 def check_replicas(replicas: int, gpus: Sequence[int] | None, *, keep_alive: object, tp_size: int,
@@ -55,13 +55,6 @@ def duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def registry_kept_summary(pid: int) -> dict[str, Any] | None:
-    from ..server._registry import kept_summary, read_kept
-
-    state = read_kept(pid)
-    return None if state is None else kept_summary(state, now=time.time())
 
 
 def is_loopback(host: str) -> bool:
@@ -119,11 +112,6 @@ def load_tokenizer(tokenizer: Any) -> Any:
         return load(tokenizer)
     except (OSError, ValueError) as err:
         raise EngineError(f"cannot load the tokenizer from {str(tokenizer)!r} ({err}); pass tokenizer= a local path") from err
-
-
-def pad_id(tokenizer: Any) -> int:
-    pad = tokenizer.pad_token_id
-    return int(pad if pad is not None else (tokenizer.eos_token_id or 0))
 
 
 def close_client(client: Client) -> None:

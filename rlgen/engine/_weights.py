@@ -1,19 +1,23 @@
-"""Weights from the notebook: `Engine.update_weights` pushes a trainer's tensors to the server, no disk.
+"""Changing the served weights: from a checkout on disk, or from the notebook's tensors.
 
-Owns: `update_weights` (the checks before anything is sent: names and shapes against the served
-checkpoint, where the tensors are against where the server can read them, a router or data
-parallelism refused; the buckets sent one request each with retries and a progress line, the cache
-flushed and the version set by the last; inside `paused()`, the weights' memory taken back first
-and, when the push does not cover every tensor, the old weights reloaded under it), and the state
-a push leaves (the version rows record, no disk path or content hash for records and the cache).
-Knows nothing about generation, scoring, checkpoint names or how tensors are serialized:
-`client._state_dict` and `client._tensors` do those.
+Owns: `from_disk` (`update_weights_from_disk`: one POST, retried while the server answers 5xx or
+drops the connection; behind a router every worker loads it), `reload_from_disk` (the weights
+last loaded from disk again, under the version they had: after a resume, or under a push that
+does not cover every tensor), and `from_tensors` (`update_weights`: the checks before anything is
+sent: names and shapes against the served checkpoint, where the tensors are against where the
+server can read them, a router or data parallelism refused; the buckets sent one request each
+with retries and a progress line, the prefix cache flushed and the version set by the last;
+inside `paused()`, the weights' memory taken back first). Each tells `ServedWeights` what the
+server now serves. Knows nothing about generation, scoring, checkpoint names or how tensors are
+serialized: `client._state_dict` and `client._tensors` do those.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -21,15 +25,18 @@ from ..client._state_dict import checked_weights
 from ..client._tensors import NamedTensor, Transport, bucket_body, buckets, device_uuid, tensor_nbytes
 from ..core import _loop
 from ..core._errors import RequestError, ServerRequestError, WeightsError
+from ..server._handle import ServerHandle
 from ..server._process_tree import gpu_uuids_of
-from ..server._weights import WeightsHash, checkpoint_tensors, ties_word_embeddings
-from ._control import ControlMixin
+from ..server._weights import checkpoint_tensors, ties_word_embeddings
+from ._connection import Connection
+from ._memory import ServerControl
+from ._served import ServedWeights
 from ._startup import is_loopback
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["WeightsMixin", "collect_ipc", "uuid_key"]
+__all__ = ["collect_ipc", "from_disk", "from_tensors", "reload_from_disk", "server_gpus", "uuid_key"]
 
 _MIB = 1 << 20
 # Default bucket sizes. By CUDA IPC a bucket is handles, not bytes: 512 MiB bounds only a flattened
@@ -40,164 +47,178 @@ _DISK_HINT = ("save the weights where the server can read them and load them fro
               "model.save_pretrained(path); eng.update_weights_from_disk(path)")
 
 
-class WeightsMixin(ControlMixin):
-    """`update_weights` of `Engine` (mixed into it)."""
+# -- from disk -----------------------------------------------------------------------------------------
+def from_disk(conn: Connection, control: ServerControl, weights: ServedWeights, server: ServerHandle,
+              path: str | os.PathLike[str], *, weight_version: str | None, retries: int, backoff_s: float) -> str:
+    """`Engine.update_weights_from_disk`: the checkout at `path` loaded; returns the new weight version."""
+    conn.check_ready()
+    version = weights.next_version(weight_version, prefix=Path(path).name)
+    body = {"model_path": str(path), "weight_version": version}
+    if conn.behind_router:  # every worker, retried per worker; a failure names the worker
+        result = control.post("/update_weights_from_disk", body, what=f"update_weights_from_disk({str(path)!r})",
+                              retries=retries, backoff_s=backoff_s)
+    else:
+        result = _post_retried(conn, server, body, path, retries=retries, backoff_s=backoff_s)
+    if isinstance(result, dict) and result.get("success") is False:
+        raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
+    info = _loop.run_sync(conn.client.get_info("model", timeout=30))
+    weights.loaded_from_disk(str(path), info.get("weight_version", version))
+    return str(weights.version)
 
-    def update_weights(self, weights: torch.nn.Module | Mapping[str, Any] | Iterable[tuple[str, Any]], *,
-                       weight_version: str | None = None, bucket_mb: float | None = None, flatten: bool = False,
-                       retries: int = 3, backoff_s: float = 1.0, progress: bool | None = None) -> str:
-        """Load the trainer's weights into the server from memory; returns the new weight version.
 
-        `weights`: a transformers `PreTrainedModel` (or any torch module whose `state_dict()` has
-        the checkpoint's names), its `state_dict()`, or (name, tensor) pairs; a subset of the
-        tensors updates those only. Wrapper names are undone (torch.compile, DDP, PEFT); LoRA
-        weights must be merged first (`model.merge_adapter()`); a head tied to the embedding is
-        not sent. Names and shapes are checked against the served checkpoint before anything is
-        sent (WeightsError: nothing changed).
+def _post_retried(conn: Connection, server: ServerHandle, body: dict[str, Any], path: str | os.PathLike[str], *,
+                  retries: int, backoff_s: float) -> Any:
+    """POST /update_weights_from_disk to the server, retrying transient failures."""
+    for attempt in range(retries + 1):
+        try:
+            return _loop.run_sync(conn.client.post("/update_weights_from_disk", body))
+        except ServerRequestError as err:
+            if err.status < 500 or attempt == retries:
+                raise ServerRequestError(f"update_weights_from_disk({str(path)!r}) failed: {err.body}",
+                                         status=err.status, body=err.body) from None
+        except RequestError:
+            if attempt == retries or not server.alive():
+                raise
+        time.sleep(backoff_s * 2**attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
-        On SGLang the tensors stay where they are: the server maps their GPU memory (CUDA IPC),
-        so they must be on the server's GPU, in this machine; otherwise save them and use
-        `update_weights_from_disk`. The CPU backend gets them by value. Don't change them until
-        the call returns.
 
-        `bucket_mb`: tensors per request, by size (None: 512 MiB by CUDA IPC, 64 MiB by value): what
-        a request costs in extra memory (by value:
-        CPU copies and their encoding; `flatten=True`: one flat copy of the bucket on the GPU,
-        SGLang's "flattened_bucket" format, one IPC handle per bucket instead of one per tensor).
-        The prefix cache is flushed, and `weight_version` (default "tensors@<n>") set, with the
-        last request; rows record it. A failure after some requests leaves a mix of weights (the
-        message says so). Retries transient failures (5xx, lost connections) like
-        `update_weights_from_disk`. Inside `with eng.paused():` the weights' memory comes back
-        first, and the old weights are reloaded from disk under a push that does not cover
-        every tensor; the rest of the memory comes back when the block ends.
-        """
-        self._check_ready()
-        _check_options(bucket_mb=bucket_mb, flatten=flatten, retries=retries, backoff_s=backoff_s)
-        if self._behind_router:
-            raise WeightsError("update_weights() pushes tensors to one server, and this Engine talks to a router: "
-                               f"{_DISK_HINT} (every worker loads it)")
-        path = self._weights_path or self.model_path
-        checked = checked_weights(weights, checkpoint=checkpoint_tensors(path), tied=ties_word_embeddings(path))
-        transport = self._transport(checked.tensors, flatten=flatten)
-        tp_size = int(self._server_info.get("tp_size") or 1)
-        self._weight_updates += 1
-        version = weight_version or f"tensors@{self._weight_updates}"
+def reload_from_disk(control: ServerControl, weights: ServedWeights, what: str) -> None:
+    """Load the weights this Engine last loaded from disk again, under the version they had."""
+    control.post("/update_weights_from_disk",
+                 {"model_path": weights.disk_path, "weight_version": weights.restore_version()}, what=what)
+    weights.restored()
 
-        if "weights" in self._released:  # inside paused(): the memory back first (SGLang would write unmapped memory)
-            self._resume(["weights"])
-            if not checked.complete:
-                self._reload_disk_weights("update_weights() reloading the weights it does not replace")
-        # A released KV cache was flushed with it: flushing again would touch released memory.
-        flush = "kv_cache" not in self._released
-        if bucket_mb is None:
-            bucket_mb = _IPC_BUCKET_MB if transport is Transport.IPC else _VALUE_BUCKET_MB
-        groups = buckets(checked.tensors, max(1, int(bucket_mb * _MIB)))
-        total_mib = sum(tensor_nbytes(t) for _, t in checked.tensors) / _MIB
-        from ..core._progress import ProgressLine
 
-        show = self._progress if progress is None else progress
-        with ProgressLine("update_weights", total=len(checked.tensors), unit="tensor", show=show) as line:
-            for i, group in enumerate(groups):
-                last = i == len(groups) - 1
-                try:
-                    self._send_bucket(group, transport=transport, flatten=flatten, tp_size=tp_size,
-                                      flush_cache=flush and last, weight_version=version if last else None,
-                                      retries=retries, backoff_s=backoff_s)
-                except BaseException as err:  # a request, or making one (memory), or Ctrl-C
-                    if i:
-                        self._mark_pushed(f"{version} (partial)")
-                    if isinstance(err, RequestError):
-                        raise _failed_at(err, i, len(groups)) from err
-                    raise
-                line.advance(len(group))
-            line.close(totals=f"{len(checked.tensors):,} tensors · {total_mib:,.0f} MiB · "
-                              f"{len(groups)} request{'s' if len(groups) != 1 else ''} ({transport.value})")
-        if transport is Transport.IPC:
-            collect_ipc()
-        self._mark_pushed(version)
-        info = _loop.run_sync(self._client.get_info("model", timeout=30))
-        self._weight_version = info.get("weight_version", version)
-        return str(self._weight_version)
+# -- from tensors --------------------------------------------------------------------------------------
+def from_tensors(conn: Connection, control: ServerControl, weights: ServedWeights, server: ServerHandle,
+                 tensors: torch.nn.Module | Mapping[str, Any] | Iterable[tuple[str, Any]], *, url: str,
+                 weight_version: str | None, bucket_mb: float | None, flatten: bool, retries: int,
+                 backoff_s: float, progress: bool | None) -> str:
+    """`Engine.update_weights`: the trainer's tensors pushed, checked first; returns the new weight version."""
+    conn.check_ready()
+    _check_options(bucket_mb=bucket_mb, flatten=flatten, retries=retries, backoff_s=backoff_s)
+    if conn.behind_router:
+        raise WeightsError("update_weights() pushes tensors to one server, and this Engine talks to a router: "
+                           f"{_DISK_HINT} (every worker loads it)")
+    path = weights.disk_path
+    checked = checked_weights(tensors, checkpoint=checkpoint_tensors(path), tied=ties_word_embeddings(path))
+    transport = _transport(conn, server, checked.tensors, url=url, flatten=flatten)
+    version = weights.next_version(weight_version, prefix="tensors")
+    if "weights" in control.released:  # inside paused(): the memory back first (SGLang would write unmapped memory)
+        control.resume(["weights"])
+        if not checked.complete:
+            reload_from_disk(control, weights, "update_weights() reloading the weights it does not replace")
+    # A released KV cache was flushed with it: flushing again would touch released memory.
+    flush = "kv_cache" not in control.released
+    if bucket_mb is None:
+        bucket_mb = _IPC_BUCKET_MB if transport is Transport.IPC else _VALUE_BUCKET_MB
+    _push(conn, weights, server, checked.tensors, transport=transport, flatten=flatten, flush=flush,
+          bucket_bytes=max(1, int(bucket_mb * _MIB)), version=version, retries=retries, backoff_s=backoff_s,
+          progress=progress)
+    if transport is Transport.IPC:
+        collect_ipc()
+    weights.pushed_tensors(version)
+    info = _loop.run_sync(conn.client.get_info("model", timeout=30))
+    weights.version = info.get("weight_version", version)
+    return str(weights.version)
 
-    # -- where the tensors can go --------------------------------------------------------------------
-    def _transport(self, tensors: Sequence[NamedTensor], *, flatten: bool) -> Transport:
-        """By value to the CPU backend; CUDA IPC to SGLang, once the tensors are where it can map them."""
-        devices = sorted({t.device for _, t in tensors}, key=str)
-        meta = [d for d in devices if d.type == "meta"]
-        if meta:
-            raise WeightsError("some tensors are on the meta device and hold no values: load the model's weights "
-                               "(e.g. from_pretrained without device_map='meta') before pushing them")
-        if self._server_info.get("rlgen_backend") == "cpu":
-            return Transport.VALUE
-        host = urlsplit(self.url).hostname or ""
-        if not _on_this_machine(host):
-            raise WeightsError(f"the server at {self.url} is on another machine, and SGLang reads pushed tensors from "
-                               f"GPU memory on its own machine (CUDA IPC): {_DISK_HINT}")
-        if int(self._server_info.get("dp_size") or 1) > 1 and not self._server_info.get("enable_dp_attention"):
-            raise WeightsError("SGLang takes tensors only with dp_size 1 (or DP attention): " + _DISK_HINT)
-        elsewhere = [d for d in devices if d.type != "cuda"]
-        if elsewhere:
-            names = [n for n, t in tensors if t.device.type != "cuda"]
-            raise WeightsError(
-                f"{len(names)} tensors are on {', '.join(map(str, elsewhere))} (e.g. {names[0]!r}), and SGLang reads "
-                "pushed tensors from its GPU's memory (CUDA IPC): move the model to the server's GPU first "
-                f"(model.to('cuda')), or {_DISK_HINT}")
-        if flatten and len(devices) > 1:
-            raise WeightsError(f"flatten=True joins each bucket into one tensor, and these are on {len(devices)} GPUs "
-                               f"({', '.join(map(str, devices))}): put them on one, or pass flatten=False")
-        server_gpus = self._server_gpus()
-        if server_gpus is not None:
-            wrong = [d for d in devices if uuid_key(device_uuid(d.index or 0)) not in server_gpus]
-            if wrong:
-                raise WeightsError(
-                    f"the tensors are on {', '.join(map(str, wrong))}, and the server runs on another GPU "
-                    f"({_local_names(server_gpus)}): move the model to the server's GPU (model.to(...)), start the "
-                    f"Engine on the trainer's GPU, or {_DISK_HINT}")
-        return Transport.IPC
 
-    def _server_gpus(self) -> set[str] | None:
-        """The UUIDs of the GPUs the server's processes use, where this machine can tell (an owned or
-        kept server, a driver that shows processes); None otherwise."""
-        if self._server is not None:
-            pids = self._server.pids()
-        elif self._kept is not None:
-            pids = _tree_pids(self._kept.record.pid)
-        else:
-            return None
-        return gpu_uuids_of(pids) if pids else None
+def _push(conn: Connection, weights: ServedWeights, server: ServerHandle, tensors: Sequence[NamedTensor], *,
+          transport: Transport, flatten: bool, flush: bool, bucket_bytes: int, version: str, retries: int,
+          backoff_s: float, progress: bool | None) -> None:
+    """The buckets, one request each, with a progress line; the last flushes the cache and sets the version."""
+    from ..core._progress import ProgressLine
 
-    # -- sending ----------------------------------------------------------------------------------
-    def _send_bucket(self, group: Sequence[NamedTensor], *, transport: Transport, flatten: bool, tp_size: int,
-                     flush_cache: bool, weight_version: str | None, retries: int, backoff_s: float) -> None:
-        """One bucket's request, retried on 5xx and lost connections (serialized again each time:
-        torch counts each IPC serialization as one consumer)."""
-        for attempt in range(retries + 1):
-            body = bucket_body(group, transport=transport, flatten=flatten, tp_size=tp_size,
-                               flush_cache=flush_cache, weight_version=weight_version)
+    groups = buckets(tensors, bucket_bytes)
+    total_mib = sum(tensor_nbytes(t) for _, t in tensors) / _MIB
+    tp_size = int(conn.server_info.get("tp_size") or 1)
+    with ProgressLine("update_weights", total=len(tensors), unit="tensor", show=conn.show(progress)) as line:
+        for i, group in enumerate(groups):
+            last = i == len(groups) - 1
             try:
-                result = _loop.run_sync(self._client.post("/update_weights_from_tensor", body))
-            except ServerRequestError as err:
-                if err.status < 500 or attempt == retries:
-                    raise
-            except RequestError:
-                if attempt == retries or not self._server_alive():
-                    raise
-            else:
-                if isinstance(result, dict) and result.get("success") is False:
-                    raise ServerRequestError(f"/update_weights_from_tensor failed: {result.get('message')}",
-                                             status=400, body=str(result.get("message")))
-                return
-            finally:
-                del body
-            time.sleep(backoff_s * 2**attempt)
+                _send_bucket(conn, server, group, transport=transport, flatten=flatten, tp_size=tp_size,
+                             flush_cache=flush and last, weight_version=version if last else None,
+                             retries=retries, backoff_s=backoff_s)
+            except BaseException as err:  # a request, or making one (memory), or Ctrl-C
+                if i:
+                    weights.pushed_tensors(f"{version} (partial)")
+                if isinstance(err, RequestError):
+                    raise _failed_at(err, i, len(groups)) from err
+                raise
+            line.advance(len(group))
+        line.close(totals=f"{len(tensors):,} tensors · {total_mib:,.0f} MiB · "
+                          f"{len(groups)} request{'s' if len(groups) != 1 else ''} ({transport.value})")
 
-    def _mark_pushed(self, version: str) -> None:
-        """The server now serves weights that are on no disk: no path or content hash for records and
-        the cache; a later reload from disk brings back the version the disk weights had."""
-        if self._weights_pushed is None:
-            self._disk_version = self._weight_version
-        self._weights_pushed = version
-        self._weights = WeightsHash(None)
+
+def _transport(conn: Connection, server: ServerHandle, tensors: Sequence[NamedTensor], *, url: str,
+               flatten: bool) -> Transport:
+    """By value to the CPU backend; CUDA IPC to SGLang, once the tensors are where it can map them."""
+    devices = sorted({t.device for _, t in tensors}, key=str)
+    meta = [d for d in devices if d.type == "meta"]
+    if meta:
+        raise WeightsError("some tensors are on the meta device and hold no values: load the model's weights "
+                           "(e.g. from_pretrained without device_map='meta') before pushing them")
+    if conn.cpu_backend:
+        return Transport.VALUE
+    host = urlsplit(url).hostname or ""
+    if not _on_this_machine(host):
+        raise WeightsError(f"the server at {url} is on another machine, and SGLang reads pushed tensors from "
+                           f"GPU memory on its own machine (CUDA IPC): {_DISK_HINT}")
+    if int(conn.server_info.get("dp_size") or 1) > 1 and not conn.server_info.get("enable_dp_attention"):
+        raise WeightsError("SGLang takes tensors only with dp_size 1 (or DP attention): " + _DISK_HINT)
+    elsewhere = [d for d in devices if d.type != "cuda"]
+    if elsewhere:
+        names = [n for n, t in tensors if t.device.type != "cuda"]
+        raise WeightsError(
+            f"{len(names)} tensors are on {', '.join(map(str, elsewhere))} (e.g. {names[0]!r}), and SGLang reads "
+            "pushed tensors from its GPU's memory (CUDA IPC): move the model to the server's GPU first "
+            f"(model.to('cuda')), or {_DISK_HINT}")
+    if flatten and len(devices) > 1:
+        raise WeightsError(f"flatten=True joins each bucket into one tensor, and these are on {len(devices)} GPUs "
+                           f"({', '.join(map(str, devices))}): put them on one, or pass flatten=False")
+    gpus = server_gpus(server)
+    if gpus is not None:
+        wrong = [d for d in devices if uuid_key(device_uuid(d.index or 0)) not in gpus]
+        if wrong:
+            raise WeightsError(
+                f"the tensors are on {', '.join(map(str, wrong))}, and the server runs on another GPU "
+                f"({_local_names(gpus)}): move the model to the server's GPU (model.to(...)), start the "
+                f"Engine on the trainer's GPU, or {_DISK_HINT}")
+    return Transport.IPC
+
+
+def server_gpus(server: ServerHandle) -> set[str] | None:
+    """The UUIDs of the GPUs the server's processes use, where this machine can tell (an owned or
+    kept server, a driver that shows processes); None otherwise."""
+    pids = server.pids()
+    return gpu_uuids_of(pids) if pids else None
+
+
+def _send_bucket(conn: Connection, server: ServerHandle, group: Sequence[NamedTensor], *, transport: Transport,
+                 flatten: bool, tp_size: int, flush_cache: bool, weight_version: str | None, retries: int,
+                 backoff_s: float) -> None:
+    """One bucket's request, retried on 5xx and lost connections (serialized again each time:
+    torch counts each IPC serialization as one consumer)."""
+    for attempt in range(retries + 1):
+        body = bucket_body(group, transport=transport, flatten=flatten, tp_size=tp_size,
+                           flush_cache=flush_cache, weight_version=weight_version)
+        try:
+            result = _loop.run_sync(conn.client.post("/update_weights_from_tensor", body))
+        except ServerRequestError as err:
+            if err.status < 500 or attempt == retries:
+                raise
+        except RequestError:
+            if attempt == retries or not server.alive():
+                raise
+        else:
+            if isinstance(result, dict) and result.get("success") is False:
+                raise ServerRequestError(f"/update_weights_from_tensor failed: {result.get('message')}",
+                                         status=400, body=str(result.get("message")))
+            return
+        finally:
+            del body
+        time.sleep(backoff_s * 2**attempt)
 
 
 def _check_options(*, bucket_mb: float | None, flatten: bool, retries: int, backoff_s: float) -> None:
@@ -238,16 +259,6 @@ def _on_this_machine(host: str) -> bool:
         return False
     local = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic}
     return bool(addresses) and addresses <= local
-
-
-def _tree_pids(pid: int) -> list[int]:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        return [root.pid, *(child.pid for child in root.children(recursive=True))]
-    except psutil.Error:
-        return []
 
 
 def _local_names(uuids: set[str]) -> str:

@@ -186,17 +186,12 @@ class RolloutBrowser:
             return False
         return getattr(Widget, "_control_comm", None) is not None or interactive_frontend()
 
-    def widget(self) -> Any:
-        """The ipywidgets controls and view (built once), or None where ipywidgets is missing."""
-        if self._widget is not None:
-            return self._widget
-        try:
-            import ipywidgets as w
-        except ImportError:
-            return None
+    def _filters(self, w: Any) -> tuple[list[Any], Any, Any, Any, Any]:
+        """The filter controls, opened on the selection set from code (e.g. `b.status = "done"` before
+        showing b): all of them in order, then finish, status (None without a status column), reward
+        (None without a reward to slide over) and search."""
         df = self.rollouts.df
         finishes = ["all", *sorted({str(f) for f in df["finish_reason"]})]
-        # The controls open on the selection set from code (e.g. `b.status = "done"` before showing b).
         finish = w.Dropdown(options=finishes, value=self.finish if self.finish in finishes else "all", description="finish",
                             layout=w.Layout(width="14em"))
         # Wide enough for its placeholder next to its label (a narrower box cut it to "The pa").
@@ -219,6 +214,18 @@ class RolloutBrowser:
                                             description=self.reward, readout_format=".3g", continuous_update=False)
                 controls.append(reward)
         controls.append(search)
+        return controls, finish, status, reward, search
+
+    def widget(self) -> Any:
+        """The ipywidgets controls and view (built once), or None where ipywidgets is missing."""
+        if self._widget is not None:
+            return self._widget
+        try:
+            import ipywidgets as w
+        except ImportError:
+            return None
+        df = self.rollouts.df
+        controls, finish, status, reward, search = self._filters(w)
         unit = "episode" if self.episodes else "group"
         previous, following = w.Button(description=f"◀ {unit}", layout=w.Layout(width="8em")), w.Button(
             description=f"{unit} ▶", layout=w.Layout(width="8em"))

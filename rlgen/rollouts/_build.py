@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core._columns import COLUMNS
-from ._response_arrays import gc_paused, parse_responses
+from ._response_arrays import ParsedResponses, gc_paused, parse_responses
 from ._rollouts import Rollouts
 from ._runs import new_run_id, text_dtype
 
@@ -55,26 +55,13 @@ def rollouts_from_responses(
     """
     import pandas as pd
 
-    # 1) validate the shape of the input
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
-        raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
-    n_prompts, n_rows = len(prompt_ids), len(responses)
-    if n_rows != n_prompts * n:
-        raise ValueError(f"expected {n_prompts} prompts x n={n} = {n_prompts * n} responses, got {n_rows}")
-    if prompt_texts is not None and len(prompt_texts) != n_prompts:
-        raise ValueError(f"prompt_texts has {len(prompt_texts)} entries for {n_prompts} prompts")
-    extra = dict(extra or {})
-    for name, values in extra.items():
-        if name in COLUMNS:
-            raise ValueError(f"extra column {name!r} clashes with a built-in column")
-        if len(values) != n_rows:
-            raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
+    n_rows = len(responses)
+    extra = _checked_extra(n_rows, prompt_ids=prompt_ids, prompt_texts=prompt_texts, n=n, pad_token_id=pad_token_id,
+                           extra=extra)
 
-    # 2) per-row values and flat token arrays (rollouts/_response_arrays.py)
+    # per-row values and flat token arrays (rollouts/_response_arrays.py)
     parsed = parse_responses(responses, prompt_ids, n, int(pad_token_id))
-    bad, cols, rows = parsed.bad, parsed.rows, np.arange(n_rows, dtype=np.int64)
+    bad, rows = parsed.bad, np.arange(n_rows, dtype=np.int64)
     if bad:
         warnings.warn(
             f"{len(bad)} row(s) had logprobs that do not line up with their tokens; their logprobs "
@@ -83,31 +70,8 @@ def rollouts_from_responses(
             stacklevel=3,
         )
 
-    # 3) the DataFrame
-    # Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
-    # inferred as object, and concat / parquet would then change dtypes between results.
-    text = text_dtype()
     run = new_run_id()
-    prompts = [prompt_texts[int(p)] for p in rows // n] if prompt_texts is not None else [None] * n_rows
-    data: dict[str, Any] = {
-        "prompt_index": rows // n,
-        "sample_index": rows % n,
-        "prompt": pd.Series(prompts, dtype=text),
-        "completion": pd.Series(parsed.completions, dtype=text),
-        "finish_reason": pd.Series(cols["finish_reason"], dtype=text),
-        "matched_stop": pd.Series(cols["matched_stop"], dtype=object),
-        "prompt_tokens": np.asarray(cols["prompt_tokens"], np.int64),
-        "completion_tokens": np.asarray(cols["completion_tokens"], np.int64),
-        "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
-        "logprob_sum": parsed.logprob_sum,
-        "logprob_mean": parsed.logprob_mean,
-        "request_latency_s": np.asarray(cols["request_latency_s"], np.float64),
-        "weight_version": pd.Series(cols["weight_version"], dtype=text),
-        "rid": pd.Series(cols["rid"], dtype=text),
-        "error": pd.Series(cols["error"], dtype=text),
-        "run": pd.Series([run] * n_rows, dtype=text),
-        "row_id": rows,
-    }
+    data = _columns(parsed, rows, n=n, prompt_texts=prompt_texts, run=run)
     data.update({k: list(v) for k, v in extra.items()})
     return Rollouts(
         df=pd.DataFrame(data),
@@ -127,3 +91,57 @@ def rollouts_from_responses(
         decode=decode,
         run_records={run: record},
     )
+
+
+def _checked_extra(n_rows: int, *, prompt_ids: Sequence[Sequence[int]], prompt_texts: Sequence[str | None] | None,
+                   n: int, pad_token_id: int, extra: Mapping[str, Sequence[Any]] | None) -> dict[str, Sequence[Any]]:
+    """The input's shape checked (counts, types, extra columns' names and lengths); the extra columns."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
+    n_prompts = len(prompt_ids)
+    if n_rows != n_prompts * n:
+        raise ValueError(f"expected {n_prompts} prompts x n={n} = {n_prompts * n} responses, got {n_rows}")
+    if prompt_texts is not None and len(prompt_texts) != n_prompts:
+        raise ValueError(f"prompt_texts has {len(prompt_texts)} entries for {n_prompts} prompts")
+    checked = dict(extra or {})
+    for name, values in checked.items():
+        if name in COLUMNS:
+            raise ValueError(f"extra column {name!r} clashes with a built-in column")
+        if len(values) != n_rows:
+            raise ValueError(f"extra column {name!r} has {len(values)} values for {n_rows} rows")
+    return checked
+
+
+def _columns(parsed: ParsedResponses, rows: np.ndarray[Any, Any], *, n: int, prompt_texts: Sequence[str | None] | None,
+             run: str) -> dict[str, Any]:
+    """The built-in columns of a result's DataFrame, from the parsed answers.
+
+    Text columns get pandas' own text dtype explicitly: an all-None column would otherwise be
+    inferred as object, and concat / parquet would then change dtypes between results.
+    """
+    import pandas as pd
+
+    text = text_dtype()
+    cols, n_rows = parsed.rows, len(rows)
+    prompts = [prompt_texts[int(p)] for p in rows // n] if prompt_texts is not None else [None] * n_rows
+    return {
+        "prompt_index": rows // n,
+        "sample_index": rows % n,
+        "prompt": pd.Series(prompts, dtype=text),
+        "completion": pd.Series(parsed.completions, dtype=text),
+        "finish_reason": pd.Series(cols["finish_reason"], dtype=text),
+        "matched_stop": pd.Series(cols["matched_stop"], dtype=object),
+        "prompt_tokens": np.asarray(cols["prompt_tokens"], np.int64),
+        "completion_tokens": np.asarray(cols["completion_tokens"], np.int64),
+        "cached_tokens": np.asarray(cols["cached_tokens"], np.int64),
+        "logprob_sum": parsed.logprob_sum,
+        "logprob_mean": parsed.logprob_mean,
+        "request_latency_s": np.asarray(cols["request_latency_s"], np.float64),
+        "weight_version": pd.Series(cols["weight_version"], dtype=text),
+        "rid": pd.Series(cols["rid"], dtype=text),
+        "error": pd.Series(cols["error"], dtype=text),
+        "run": pd.Series([run] * n_rows, dtype=text),
+        "row_id": rows,
+    }

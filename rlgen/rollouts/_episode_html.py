@@ -20,7 +20,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -479,17 +479,8 @@ def turns_html(r: RolloutsView, i: int, *, max_tokens: int, env_cap: int | None 
     for seg, keep in plan:
         if seg.kind == "assistant":
             at = assistant[seg.turn] if seg.turn < len(assistant) else {}
-            title = (f"assistant turn {seg.turn + 1} (turn_ids {seg.turn}): {seg.end - seg.start} sampled tokens (loss_mask 1)"
-                     + (f", finish {at.get('finish_reason')}" if at.get("finish_reason") else "")
-                     + (f", mean logprob {fmt_value(at.get('logprob_mean'))}" if at.get("logprob_mean") is not None else "")
-                     + (f", {float(at['latency_s']):.2f} s" if at.get("latency_s") is not None else ""))
-            spans = [_label(f"assistant {seg.turn + 1}", "assistant", title), lead if not blocks else ""]
-            pad_note = " (the EOS that ended the turn: sampled, loss_mask 1)"
-            for j in keep:
-                mark, style = marked(j)
-                spans.append(mark + token_span(t, j, pad_note=pad_note, extra_style=style))
+            blocks.append(_assistant_block(seg, at, keep, t, marked, lead="" if blocks else lead))
             shown_turns.add(seg.turn)
-            blocks.append(f'<div style="{_TURN.format(_ROLE_COLOURS["assistant"])}">{"".join(spans)}</div>')
             continue
         # An environment run: its closing EOS ends the assistant block above; the rest is a block.
         rest = keep
@@ -527,6 +518,22 @@ def turns_html(r: RolloutsView, i: int, *, max_tokens: int, env_cap: int | None 
     if ended or (ended is None and (row.get("status") != "done" or isinstance(row.get("error"), str))):
         blocks.append(_ended(row))
     return f'<div style="{TEXT_STYLE}">{"".join(blocks)}</div>'
+
+
+def _assistant_block(seg: Segment, at: Mapping[str, Any], keep: Sequence[int], t: Any,
+                     marked: Callable[[int], tuple[str, str]], *, lead: str) -> str:
+    """One assistant turn's block: its label (with the turn's finish, mean logprob and latency in
+    the title) and its sampled tokens coloured by logprob; `lead` opens it (the first block)."""
+    title = (f"assistant turn {seg.turn + 1} (turn_ids {seg.turn}): {seg.end - seg.start} sampled tokens (loss_mask 1)"
+             + (f", finish {at.get('finish_reason')}" if at.get("finish_reason") else "")
+             + (f", mean logprob {fmt_value(at.get('logprob_mean'))}" if at.get("logprob_mean") is not None else "")
+             + (f", {float(at['latency_s']):.2f} s" if at.get("latency_s") is not None else ""))
+    spans = [_label(f"assistant {seg.turn + 1}", "assistant", title), lead]
+    pad_note = " (the EOS that ended the turn: sampled, loss_mask 1)"
+    for j in keep:
+        mark, style = marked(j)
+        spans.append(mark + token_span(t, j, pad_note=pad_note, extra_style=style))
+    return f'<div style="{_TURN.format(_ROLE_COLOURS["assistant"])}">{"".join(spans)}</div>'
 
 
 def _env_block(turn: int, n_tokens: int, tokens_html: str, env_messages: list[list[dict[str, Any]]],

@@ -6,7 +6,8 @@ log by `_log`), the process tree and GPU memory of what rlgen started (`server._
 registry of running and kept servers (`server._registry`), keep-alive across kernel restarts
 (`server._keep_alive`), replicas behind an sglang-router (`server._replicas`), the default model and its
 conversion (`server._models`), the weights' content hash (`server._weights`) and what a server says about
-itself (`_info`). Knows nothing about HTTP requests for generation, results or rewards.
+itself (`_info`), and the one face an Engine sees whatever the kind (`server._handle`: owned, kept, a
+fleet, attached). Knows nothing about HTTP requests for generation, results or rewards.
 """
 
 from __future__ import annotations
