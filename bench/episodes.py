@@ -144,13 +144,13 @@ class RequestLog:
 
     @contextmanager
     def installed(self, eng: Any) -> Iterator[RequestLog]:
-        """`eng._client` is this log for the block (the Engine's own client again after it)."""
-        original = eng._client
-        eng._client = self
+        """The Engine's connection sends through this log for the block (its own client again after it)."""
+        original = eng._conn.client
+        eng._conn.client = self
         try:
             yield self
         finally:
-            eng._client = original
+            eng._conn.client = original
 
 
 # SGLang's per-request timestamps (wall clock, seconds) in meta_info when the server runs with
