@@ -64,6 +64,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rlgen
+    from rlgen.engine._weights import server_gpus
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="rlgen-push-"))
@@ -81,7 +82,7 @@ def main() -> None:
     eng = rlgen.Engine(model, backend=args.backend, progress=False, enable_memory_saver=True, fast_start=True,
                        gpu_memory_fraction=0.3)
     record["engine_start_s"] = time.monotonic() - t0
-    record["server_gpus_seen"] = sorted(eng._server_gpus() or [])  # nvidia-smi's view of the server's GPUs
+    record["server_gpus_seen"] = sorted(server_gpus(eng._server) or [])  # nvidia-smi's view of the server's GPUs
     if torch.cuda.is_available():
         from rlgen.client._tensors import device_uuid
 
@@ -265,8 +266,8 @@ def paused(eng: Any, trainer: Any, originals: dict[str, Any], model: str, base: 
     out: dict[str, Any] = {}
     eng.update_weights_from_disk(model, weight_version="original")
     reloads: list[str] = []
-    control = eng._control
-    eng._control = lambda path, body, **kw: (reloads.append(path), control(path, body, **kw))[1]
+    post = eng._control.post
+    eng._control.post = lambda path, body, **kw: (reloads.append(path), post(path, body, **kw))[1]
     try:
         t = time.monotonic()
         with eng.paused():
@@ -304,7 +305,7 @@ def paused(eng: Any, trainer: Any, originals: dict[str, Any], model: str, base: 
         out["pause_without_push"] = {**diff(base, res.logprobs), "rows_version": sorted(set(res.df.weight_version)),
                                      "checksum_equal": same(checksum(eng), c0)}
     finally:
-        eng._control = control
+        eng._control.post = post
     return out
 
 
@@ -349,7 +350,7 @@ def shape_mismatch(eng: Any, torch: Any) -> dict[str, Any]:
         status, answer = None, repr(e)
     time.sleep(5)
     return {"status": status, "answer": answer, "server_alive_after": eng._server.alive(),
-            "log_tail": eng._server.log_tail(8)[-1500:]}
+            "log_tail": Path(eng._server.log_path).read_text(errors="replace")[-1500:]}
 
 
 # ---- report ------------------------------------------------------------------------------------------
