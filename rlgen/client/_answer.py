@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FINISHED", "Answer", "failed_entry", "read_answer", "seeded_sampling"]
+__all__ = ["FINISHED", "Answer", "completion_tokens", "failed_entry", "read_answer", "seeded_sampling"]
 
 # The finish kinds of a whole sample (it stopped, or reached its length limit); "abort" and
 # "error" are samples that did not finish; rlgen's own scored completions say "score".
@@ -107,6 +107,14 @@ def read_answer(entry: Any, index: int = 0) -> Answer:
         input_logprobs=meta.get("input_token_logprobs"),
         meta=meta,
     )
+
+
+def completion_tokens(entry: Any) -> int:
+    """How many tokens a sample generated, 0 when the entry does not say: the one field a progress
+    line reads from every answer, without building an `Answer`."""
+    meta = entry.get("meta_info") if isinstance(entry, dict) else None
+    value = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def failed_entry(message: str, *, reason: str = "error", rid: str | None = None) -> dict[str, Any]:

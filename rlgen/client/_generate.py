@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core._errors import RequestError, ServerRequestError
-from ._answer import read_answer, seeded_sampling
+from ._answer import completion_tokens, read_answer, seeded_sampling
 from ._http import Client
 
 __all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "gather_or_abort", "new_rid", "request_size",
@@ -147,7 +147,7 @@ async def run_generate(client: Client, job: GenerateJob, *,
                     for rid in rids:
                         in_flight.pop(rid, None)
             if on_progress is not None:
-                on_progress(stop - first, sum(_completion_tokens(e) for e in job.results[first:stop]))
+                on_progress(stop - first, sum(completion_tokens(e) for e in job.results[first:stop]))
 
     # 2) Send them, at most `limit` at a time; the first failure cancels the rest.
     tasks = [asyncio.ensure_future(one_request(a, b)) for a, b in spans]
@@ -221,11 +221,6 @@ def _single_spans(job: GenerateJob) -> tuple[list[tuple[int, int]], int]:
     if _seeded_copies(job):
         return [(s, s + 1) for s in range(job.n_samples)], prompts_in_flight * job.n
     return [(i * job.n, (i + 1) * job.n) for i in range(len(job.prompt_ids))], prompts_in_flight
-
-
-def _completion_tokens(entry: dict[str, Any] | None) -> int:
-    value = read_answer(entry).completion_tokens if entry is not None else None
-    return int(value) if isinstance(value, int) else 0
 
 
 def request_size(n_prompts: int, *, most: int) -> int:
