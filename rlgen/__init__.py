@@ -18,6 +18,7 @@ from .core._errors import (
     AdapterError,
     EngineClosedError,
     EngineError,
+    LogError,
     ModelError,
     RequestError,
     RequestTimeout,
@@ -34,6 +35,7 @@ from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
 from .engine._engine import Engine
 from .engine._lifecycle import EngineState
 from .episodes._episodes import Episodes
+from .rollout_log._log import RolloutLog
 from .rollouts._rollouts import Rollouts
 from .server._models import DEFAULT_MODEL, resolve_model
 from .server._process import reap
@@ -51,6 +53,7 @@ __all__ = [
     "EngineState",
     "Episodes",
     "GenerateOptions",
+    "LogError",
     "LogprobShift",
     "LoraOptions",
     "ModelError",
@@ -60,6 +63,7 @@ __all__ = [
     "RequestTimeout",
     "RewardOptions",
     "RlgenError",
+    "RolloutLog",
     "Rollouts",
     "SamplingOptions",
     "ServerDiedError",
@@ -80,7 +84,7 @@ __all__ = [
 ]
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
-for _obj in (Engine, EngineState, Episodes, Rollouts, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
+for _obj in (Engine, EngineState, Episodes, Rollouts, RolloutLog, LogError, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
              reap, resolve_model, RlgenError, AdapterError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"

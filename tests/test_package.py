@@ -22,8 +22,9 @@ def _module_name(path: Path) -> str:
 # The layers, top to bottom (docs/architecture.md). A module may import modules of a lower rank, or
 # of its own subpackage (acyclically); `|` siblings share a rank and never import each other.
 LAYERS: dict[str, int] = {
-    "rlgen": 6,                      # the facade: __init__, __main__
-    "rlgen.engine": 5,
+    "rlgen": 7,                      # the facade: __init__, __main__
+    "rlgen.engine": 6,
+    "rlgen.rollout_log": 5,
     "rlgen.compare": 4,
     "rlgen.episodes": 4,
     "rlgen.rollouts": 3,

@@ -1,7 +1,7 @@
 """The names of a result's columns: one schema, read by every layer that makes or checks a row.
 
 Owns: rlgen's own DataFrame columns (`COLUMNS`, in order), the columns the client adds where they
-apply (`CLIENT_COLUMNS`), those of a multi-turn episode's row (`EPISODE_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
+apply (`CLIENT_COLUMNS`), those of a multi-turn episode's row (`EPISODE_COLUMNS`), those a rollout log adds (`LOG_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
 to tell the per-function reward columns rlgen wrote from a user's own columns that happen to start
 with `reward_` (`reward_output_columns`), the names a user's per-prompt data may not take
 (`RESERVED_DATA_NAMES`), and what an `adapter` cell says (`adapter_of`: a missing one is the base
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "RESERVED_DATA_NAMES", "adapter_of",
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "LOG_COLUMNS", "RESERVED_DATA_NAMES", "adapter_of",
            "reward_output_columns", "scored_reward_names"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
@@ -34,6 +34,11 @@ EPISODE_COLUMNS = (
     "status", "turns", "sampled_tokens", "tool_calls", "tool_calls_failed", "env_seconds", "cached_share",
     "completion_messages", "turn_rewards", "drift", "drift_turn", "drift_position",
 )  # fmt: skip
+# The columns a rollout log (`rlgen.RolloutLog`) adds to each row it holds: the training step; the
+# prompt's key, stable across steps (the same prompt at step 10 and at step 300 has one key); and
+# `retokenized`, True on rows imported from a framework's text-only log, whose token ids were
+# made from the text by a tokenizer, not sampled (no logprobs, no token-faithfulness claim).
+LOG_COLUMNS = ("step", "prompt_key", "retokenized")
 # Columns scoring writes for each prompt group; a second add_rewards call replaces them.
 GROUP_COLUMNS = ("reward", "group_mean", "group_std", "group_zero_std", "advantage")
 # What `generate(data=...)` refuses as a data column: every name rlgen writes itself.

@@ -4,6 +4,7 @@
     ├── ModelError                  a model could not be resolved or prepared
     ├── WeightsError                weights refused before anything was sent (names, shapes, device)
     ├── AdapterError                a LoRA adapter refused (LoRA not served, rank, modules, unknown name)
+    ├── LogError                    a rollout log refused or could not read something (path, part, step, version)
     ├── EngineError                 the server an Engine owns or talks to
     │   ├── ServerStartupError      the server failed while starting (exit code, log tail, hint)
     │   │   └── ServerStartupTimeout    ... or did not become healthy in `startup_timeout`
@@ -27,6 +28,7 @@ __all__ = [
     "AdapterError",
     "EngineClosedError",
     "EngineError",
+    "LogError",
     "ModelError",
     "RequestError",
     "RequestTimeout",
@@ -58,6 +60,21 @@ class AdapterError(RlgenError, ValueError):
     """A LoRA adapter was refused: the server serves no adapters (start the Engine with `lora=`),
     its rank or modules are beyond what the server was started for, an adapter name is not loaded,
     or the server refused the load (its message included). Also a ValueError."""
+
+
+class LogError(RlgenError, ValueError):
+    """A rollout log (`rlgen.RolloutLog`) refused or could not read something: a path that is not a
+    log, a step logged twice under one name, a reward version name taken by another function, a
+    framework's folder in a format this version does not know, a part that cannot be read. Nothing
+    in the log was changed. Also a ValueError.
+
+    Attributes:
+        path: the file or folder concerned, where there is one.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
 
 
 class EngineError(RlgenError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict, TypeVar, get_type_hints
@@ -29,6 +30,7 @@ __all__ = [
     "GenerateOptions",
     "LoraOptions",
     "Option",
+    "RescoreOptions",
     "RewardOptions",
     "SamplingOptions",
     "StreamOptions",
@@ -313,6 +315,34 @@ class RewardOptions(TypedDict, total=False):
     progress: Annotated[bool | None, Option(
         None, "a progress line (one score per row and function): True, False, None = once scoring has taken a second",
         _optional_flag)]
+
+
+def _version_name(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.match(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$", value) or value == "logged":
+        raise ValueError(f"{name} must name the new reward version: a letter, then up to 63 letters, digits, "
+                         f"'_', '.' or '-', and not 'logged' (the rewards the run logged); got {value!r}")
+    return value
+
+
+def _steps(name: str, value: Any) -> Any:
+    if value is None or isinstance(value, range) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    raise TypeError(f"{name} must be None (every step), a step, a range or a list of steps; got {value!r}"[:300])
+
+
+class RescoreOptions(RewardOptions, total=False):
+    """`RolloutLog.rescore()`' options: add_rewards' options, plus which rows and how many times."""
+
+    version: Annotated[str | None, Option(
+        None, "the new reward version's name (default: the functions' names joined by '+')", _version_name)]
+    steps: Annotated[Any, Option(None, "a step, a range or a list of steps; None: every step", _steps)]
+    repeats: Annotated[int, Option(
+        1, "score each row this many times (a stochastic reward, e.g. an LLM judge: its spread per row)", _count(1))]
 
 
 def _template_text(name: str, value: Any) -> str | None:

@@ -40,7 +40,7 @@ from . import _group_stats
 from . import _styles as _reward_styles
 from ._styles import STYLES, RowBatch, Style
 
-__all__ = ["RewardFunctions", "count_functions", "rewards_columns", "status_totals", "warn_notes"]
+__all__ = ["RewardFunctions", "count_functions", "named_functions", "rewards_columns", "status_totals", "warn_notes"]
 
 RewardFunctions = Callable[..., Any] | Sequence[Callable[..., Any]] | Mapping[str, Callable[..., Any]]
 Mode = Literal["process", "thread", "inline"]  # checked by _options.RewardOptions
@@ -106,6 +106,12 @@ def rewards_columns(rows: RowBatch, groups: np.ndarray, funcs: RewardFunctions, 
     if replaced:
         notes.append(f"replaced {replaced}: 'reward' sums this call's functions only")
     return out, notes
+
+
+def named_functions(funcs: RewardFunctions) -> list[tuple[str, Callable[..., Any]]]:
+    """The functions `funcs` names, with the names their columns take (checked as add_rewards checks
+    them: ValueError / TypeError)."""
+    return [(f.name, f.fn) for f in _resolve(funcs, weights=None, style=None)]
 
 
 def count_functions(funcs: RewardFunctions) -> int:

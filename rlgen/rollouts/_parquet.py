@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class StoredRollouts:
 
 
 def write_parquet(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | BinaryIO,
     df: pd.DataFrame,
     *,
     prompt: Ragged,
@@ -116,10 +116,10 @@ def write_parquet(
     meta = {"version": _PARQUET_VERSION, **header, "json_columns": as_json}
     schema_meta = {**(table.schema.metadata or {}), _PARQUET_KEY: json.dumps(meta).encode()}
     table = table.replace_schema_metadata(schema_meta)
-    pq.write_table(table, os.fspath(path))
+    pq.write_table(table, os.fspath(path) if isinstance(path, (str, os.PathLike)) else path)
 
 
-def read_parquet(path: str | os.PathLike[str], field_names: Iterable[str]) -> StoredRollouts:
+def read_parquet(path: str | os.PathLike[str] | BinaryIO, field_names: Iterable[str]) -> StoredRollouts:
     """Read a file written by `write_parquet`, looking for the optional fields `field_names`.
 
     Raises:
@@ -130,7 +130,7 @@ def read_parquet(path: str | os.PathLike[str], field_names: Iterable[str]) -> St
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(os.fspath(path))
+    table = pq.read_table(os.fspath(path) if isinstance(path, (str, os.PathLike)) else path)
     raw = (table.schema.metadata or {}).get(_PARQUET_KEY)
     if raw is None:
         raise ValueError(f"{path} was not written by Rollouts.to_parquet (no rlgen metadata)")

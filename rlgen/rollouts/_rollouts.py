@@ -21,7 +21,7 @@ import itertools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import numpy as np
 
@@ -489,9 +489,10 @@ class Rollouts(TensorProperties, RewardMethods):
         }
 
     # -- parquet ---------------------------------------------------------------------------------
-    def to_parquet(self, path: str | os.PathLike[str]) -> None:
+    def to_parquet(self, path: str | os.PathLike[str] | BinaryIO) -> None:
         """Write rows, token ids, logprobs, top-k, meta_info, pad id, model and sampling to one file.
 
+        `path`: a file name, or a binary file object open for writing.
         Token data are list columns named `_rlgen_*` beside the df's own columns (so the file also
         opens as a plain table); meta_info is stored as JSON text, pad id, model, sampling (which
         must be JSON-able) and the tokenizer's source (path or name, for the token text of the
@@ -513,8 +514,8 @@ class Rollouts(TensorProperties, RewardMethods):
         )
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike[str], *, tokenizer: Any = None) -> Self:
-        """Read a file written by `to_parquet`.
+    def from_parquet(cls, path: str | os.PathLike[str] | BinaryIO, *, tokenizer: Any = None) -> Self:
+        """Read a file written by `to_parquet` (a name, or a binary file object).
 
         The view draws token text with `tokenizer` (an object, or a local path or name), else with
         the tokenizer the file names, loaded from local files when first needed; where neither can

@@ -1,0 +1,353 @@
+"""`RolloutLog`: a training run's results, step by step, in one append-only folder.
+
+Owns: the public face of a log: creating and opening one (`log.json` marks the folder as a log and
+says where its rows came from), appending a result as a part of a step, listing parts and steps
+(and the steps missing from a regular stride), reading rows (light columns of many steps as one
+DataFrame; whole results of a step or a range), reward versions (`rescore`, `rewards`, `versions`),
+the diff of two versions, the trend across steps, one prompt across steps, SQL, and the notebook
+view. Knows nothing about how files are stored (`_store`), laid out (`_parts`), scored
+(`_rescore`), versioned (`_versions`), compared (`compare._reward_diff`) or drawn (`_views`).
+
+Words, said once (docs/architecture.md): a *log* is this folder; a *part* is one logged call's
+rows (one file, never modified); a *step* is the training step a part belongs to; a *prompt key*
+names a prompt across steps; a *reward version* is one scoring of the rows (`logged`: what the run
+wrote; others: `rescore`), with its *lineage* (which functions, which source, which parameters).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._version import __version__
+from ..core._errors import LogError
+from ..core._options import RescoreOptions, resolve, takes_options
+from ..rollouts._rollouts import Rollouts
+from ._parts import PARTS, LightCache, PartName, part_bytes, read_full, read_light
+from ._store import Store, open_store
+from ._versions import LOGGED, logged_columns, read_lineage, read_version, version_names
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from typing_extensions import Unpack
+
+    from ..compare._reward_diff import RewardDiff
+    from ..rewards._scoring import RewardFunctions
+    from ._views import LogPlots
+
+__all__ = ["RolloutLog"]
+
+_MARKER = "log.json"
+_FORMAT = "rlgen-rollout-log"
+_VERSION = 1
+Steps = int | range | Sequence[int] | None
+
+
+class RolloutLog:
+    """A training run's results by step: appended by a loop, read (while it runs, too) by a notebook.
+
+    Write from a training loop::
+
+        log = rlgen.RolloutLog.create("runs/exp1")          # or an fsspec URL: "s3://bucket/exp1"
+        for step in range(steps):
+            res = eng.generate(prompts, n=8, logprobs=True).add_rewards(reward)
+            log.append(step, res)                            # one part, visible only once complete
+
+    Read it, in the same kernel or another one::
+
+        log = rlgen.RolloutLog("runs/exp1")
+        log.trend()                       # per step: mean reward, length, finish reasons, zero-variance share
+        log.rows(steps=range(100, 200), columns=["completion", "reward"])   # a DataFrame, only what is asked
+        log.load(150)                     # step 150 as a Rollouts (Episodes for episodes): tensors, views
+        log.rescore({"strict": strict}, version="strict")   # a new reward version; nothing overwritten
+        log.diff("logged", "strict")      # what changed, which groups flipped, where they part ways
+
+    Every read lists the parts again, so a log another process is writing shows its new steps.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
+        """Open the log at `path` (a folder, or an fsspec URL with `storage_options`).
+
+        Raises:
+            LogError: nothing is there (create one with `RolloutLog.create`), or the folder is not a log.
+        """
+        store = open_store(path, storage_options=storage_options)
+        if not store.exists(_MARKER):
+            hint = ("it holds files but no log.json: not a rollout log (import a framework's folder with "
+                    "RolloutLog.from_trl / from_verl)" if store.is_dir() else "nothing is there")
+            raise LogError(f"{store.url} is not a rollout log: {hint}; to start one: rlgen.RolloutLog.create({store.url!r})",
+                           path=store.url)
+        info = json.loads(store.read_bytes(_MARKER))
+        if info.get("format") != _FORMAT or info.get("version") != _VERSION:
+            raise LogError(f"{store.url}/{_MARKER} is not a version-{_VERSION} rollout log ({info.get('format')!r} "
+                           f"version {info.get('version')!r}); read it with the rlgen that wrote it ({info.get('rlgen')})",
+                           path=store.url)
+        self._store = store
+        self._info: dict[str, Any] = info
+        self._cache = LightCache()
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], *, exist_ok: bool = False,
+               storage_options: dict[str, Any] | None = None, source: str = "rlgen",
+               notes: Sequence[str] = ()) -> RolloutLog:
+        """A new, empty log at `path`; with `exist_ok=True` an existing log is opened instead.
+        `source` and `notes` say where its rows come from (importers set them).
+
+        Raises:
+            LogError: a log is there (and not `exist_ok`), or the folder holds other files.
+        """
+        store = open_store(path, storage_options=storage_options)
+        if store.exists(_MARKER):
+            if exist_ok:
+                return cls(path, storage_options=storage_options)
+            raise LogError(f"a rollout log is already at {store.url}: open it with rlgen.RolloutLog({store.url!r}), "
+                           "or pass exist_ok=True", path=store.url)
+        if store.list():
+            raise LogError(f"{store.url} holds other files: give a new or empty folder for the log", path=store.url)
+        info = {"format": _FORMAT, "version": _VERSION, "rlgen": __version__, "source": source,
+                "created": dt.datetime.now(dt.timezone.utc).isoformat(), "notes": list(notes)}
+        store.write_new(json.dumps(info, indent=1).encode(), _MARKER)
+        return cls(path, storage_options=storage_options)
+
+    # -- what it holds ----------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The log's folder or URL."""
+        return self._store.url
+
+    @property
+    def source(self) -> str:
+        """Where the rows came from: "rlgen" (appended by a loop), "trl", "verl" (imported)."""
+        return str(self._info.get("source", "rlgen"))
+
+    @property
+    def notes(self) -> list[str]:
+        """What an importer wants a reader to know (re-tokenized rows, unmatched answers, ...)."""
+        return list(self._info.get("notes", []))
+
+    def _parts(self, steps: Steps = None, *, name: str | None = None) -> list[PartName]:
+        parts = sorted(p for f in self._store.list(PARTS) if (p := PartName.parse(f)) is not None)
+        wanted = _step_set(steps)
+        return [p for p in parts if (wanted is None or p.step in wanted) and (name is None or p.name == name)]
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps that have at least one part, in order."""
+        return sorted({p.step for p in self._parts()})
+
+    def missing_steps(self) -> list[int]:
+        """Steps absent from the log's stride (TRL logs every `logging_steps`-th step): between the
+        first and last step, at the commonest gap between logged steps. Nothing is interpolated."""
+        steps = self.steps
+        if len(steps) < 3:
+            return []
+        gaps = [b - a for a, b in zip(steps, steps[1:])]
+        stride = max(set(gaps), key=gaps.count)
+        return sorted(set(range(steps[0], steps[-1] + 1, stride)) - set(steps))
+
+    def parts(self) -> pd.DataFrame:
+        """One row per part: step, name, rows, file."""
+        import pandas as pd
+
+        parts = self._parts()
+        return pd.DataFrame({"step": [p.step for p in parts], "name": [p.name for p in parts],
+                             "rows": [self._cache.num_rows(self._store, p.file) for p in parts],
+                             "file": [p.file for p in parts]})
+
+    def __len__(self) -> int:
+        return sum(self._cache.num_rows(self._store, p.file) for p in self._parts())
+
+    # -- writing -----------------------------------------------------------------------------------
+    def append(self, step: int, res: Rollouts, *, name: str = "main") -> str:
+        """Log `res` (a Rollouts or Episodes, with its rewards) as step `step`'s part `name`; returns
+        the part's file name. The part becomes visible only once completely written.
+
+        Raises:
+            LogError: step `step` already has a part `name` (a log never merges or replaces rows:
+                give another `name` for a second call at one step, e.g. name="eval").
+            TypeError: `res` is not a result.
+        """
+        if not isinstance(res, Rollouts):
+            raise TypeError(f"append takes a result (rlgen.Rollouts or Episodes), got {type(res).__name__}")
+        part = PartName.new(step, name)
+        same = [p.file for p in self._parts(step, name=name)]
+        if same:
+            raise LogError(f"step {step} already has a part {name!r} ({same[0]}); a log never merges or replaces "
+                           f"rows: log a second call at this step with another name, e.g. append({step}, res, "
+                           "name='eval')", path=self._store.path(PARTS, same[0]))
+        self._store.write_new(part_bytes(res, step), PARTS, part.file)
+        return part.file
+
+    # -- reading -----------------------------------------------------------------------------------
+    def rows(self, *, steps: Steps = None, columns: Sequence[str] | None = None, rewards: str | None = None) -> pd.DataFrame:
+        """The rows of `steps` (None: all) as one DataFrame of `columns` (None: every column but token
+        data), with `part` and `row` (a row's position in its part). `rewards`: also the columns of
+        that reward version (`logged` is in the rows already). Reads only what is asked for; columns
+        read once are kept (parts never change). A part that cannot be read is left out, with a
+        warning naming its file."""
+        wanted = None if columns is None else list(dict.fromkeys(["step", "prompt_index", *columns]))
+        parts = self._parts(steps)
+        df = read_light(self._store, self._cache, parts, wanted)
+        if rewards is not None and rewards != LOGGED:
+            version = read_version(self._store, rewards, parts, df)
+            df = df.join(version.add_prefix(f"{rewards}:"))
+        return df
+
+    def load(self, steps: Steps = None, *, name: str | None = None, tokenizer: Any = None) -> Rollouts:
+        """The rows of `steps` (a step, a range, a list; None: all) as one result, with tensors and
+        views: a `Rollouts`, or `Episodes` for a log of episodes. `name`: only parts of that name;
+        `tokenizer`: for the token text of the views (default: the one each part names).
+
+        Raises:
+            LogError: no part matches, or a part cannot be read (its file named).
+        """
+        parts = self._parts(steps, name=name)
+        if not parts:
+            raise LogError(f"no part of this log is at steps {steps!r}" + (f" named {name!r}" if name else "")
+                           + f"; its steps: {_span(self.steps)}", path=self.path)
+        results = read_full(self._store, parts, Rollouts, tokenizer=tokenizer)
+        return results[0] if len(results) == 1 else type(results[0]).concat(results)
+
+    # -- reward versions ---------------------------------------------------------------------------
+    def versions(self) -> pd.DataFrame:
+        """One row per reward version: `logged`, then each re-score, with its functions (name and
+        source hash), options, repeats, when, and how many parts it has scored."""
+        import pandas as pd
+
+        from ._versions import scored_parts
+
+        rows: list[dict[str, Any]] = [{"version": LOGGED, "functions": "as the run logged them", "created": None,
+                                       "parts": len(self._parts())}]
+        for name in version_names(self._store):
+            info = read_lineage(self._store, name)
+            rows.append({"version": name, "functions": ", ".join(f"{f['name']} ({f['source_sha256'][:12]})"
+                                                                  for f in info["functions"]),
+                         "options": info["options"], "repeats": info["repeats"], "created": info["created"],
+                         "parts": len(scored_parts(self._store, name))})
+        return pd.DataFrame(rows)
+
+    def lineage(self, version: str) -> dict[str, Any]:
+        """A re-scored version's lineage: functions (name, source SHA-256, source, parameters),
+        options, repeats, created, rlgen version."""
+        return read_lineage(self._store, version)
+
+    @takes_options(RescoreOptions)
+    def rescore(self, funcs: RewardFunctions, /, **options: Unpack[RescoreOptions]) -> str:
+        """Score the log's rows again with `funcs` (every style `add_rewards` takes, run the same way:
+        worker processes, timeouts, per-row statuses) and append the scores as a new reward version,
+        named `version=` (default: the functions' names joined by '+'); returns its name.
+
+        Nothing is overwritten: the rows keep their logged rewards and every earlier version. Scoring
+        again under a version's name with the same functions scores only the parts it has not scored
+        yet (new steps, a call that was interrupted); with edited functions it is refused: pick a
+        new name. `repeats=k` scores each row k times (a stochastic judge): `rewards(version)` then
+        has each row's mean and `reward_std`.
+
+        Raises:
+            LogError: the version name is taken by other functions or options.
+        """
+        from ._rescore import rescore
+
+        opts = resolve(RescoreOptions, options)
+        parts = self._parts(opts["steps"])
+        name, _ = rescore(self._store, parts, funcs, opts, cls=Rollouts,
+                          rows_of=lambda p: self._cache.num_rows(self._store, p.file))
+        return name
+
+    def rewards(self, version: str = LOGGED, *, steps: Steps = None) -> pd.DataFrame:
+        """Each row's scores under a version (`part`, `row`, `step`, then the version's columns:
+        per-function values and statuses, `reward`, group columns); NaN where not scored."""
+        rows = self.rows(steps=steps, columns=["step"] if version != LOGGED else None)
+        if version == LOGGED:
+            keep = ["part", "row", "step", *logged_columns([c for c in rows.columns if c not in ("part", "row", "step")])]
+            return rows[keep]
+        scores = read_version(self._store, version, self._parts(steps), rows)
+        return rows[["part", "row", "step"]].join(scores)
+
+    def diff(self, a: str = LOGGED, b: str | None = None, *, steps: Steps = None, reward: str = "reward",
+             threshold: float = 1.0, confidence: float = 0.9, interval: str = "t") -> RewardDiff:
+        """Two reward versions side by side (default: `logged` against the newest re-score): the rows
+        whose score changed, the prompt groups that start or stop carrying a GRPO gradient, each
+        row's advantage under both, per step the means, pass rates (reward >= `threshold`) and their
+        paired difference with an interval over prompt groups, and the first step where the two part
+        ways. See `rlgen.compare.RewardDiff`."""
+        from ..compare._reward_diff import reward_diff
+
+        names = version_names(self._store)
+        if b is None:
+            if not names:
+                raise LogError("this log has no re-scored version yet: log.rescore(fn, version='strict') first")
+            b = names[-1]
+        light = ["step", "prompt_index", "prompt_key", "prompt", "completion", "finish_reason", "completion_tokens"]
+        rows = self.rows(steps=steps, columns=light)
+        scores = [self.rewards(v, steps=steps).loc[:, lambda d: [c for c in d.columns if c not in ("part", "row", "step")]]
+                  for v in (a, b)]
+        return reward_diff(rows, scores[0].set_axis(rows.index), scores[1].set_axis(rows.index), names=(a, b),
+                           reward=reward, threshold=threshold, confidence=confidence, interval=interval)
+
+    # -- views -------------------------------------------------------------------------------------
+    def trend(self, *, version: str = LOGGED, steps: Steps = None, reward: str = "reward",
+              threshold: float = 1.0) -> pd.DataFrame:
+        """One row per step: rows, mean `reward` under `version` and its pass rate (>= `threshold`),
+        mean completion length, the share of each finish reason, and the share of prompt groups
+        with zero variance (no GRPO gradient). Reads four light columns, whatever the log's size."""
+        from ._views import trend_table
+
+        rows = self.rows(steps=steps, columns=["step", "prompt_index", "completion_tokens", "finish_reason"])
+        scores = self.rewards(version, steps=steps) if version != LOGGED else self.rows(steps=steps, columns=[reward])
+        if reward not in scores.columns:
+            raise LogError(f"version {version!r} has no column {reward!r}; its columns: {list(scores.columns)}")
+        return trend_table(rows, scores[reward].to_numpy(dtype=float), threshold=threshold)
+
+    @property
+    def plot(self) -> LogPlots:
+        """Plots of the log: `log.plot.trend()`."""
+        from ._views import LogPlots
+
+        return LogPlots(self)
+
+    def prompt(self, key: str, *, columns: Sequence[str] = ("completion", "reward", "finish_reason", "completion_tokens")) -> pd.DataFrame:
+        """One prompt's samples across steps: a prompt key (or the start of one, or the prompt's
+        text) -> its rows, by step."""
+        rows = self.rows(columns=["prompt_key", "prompt", *columns])
+        mask = rows["prompt_key"].astype(str).str.startswith(key) | (rows["prompt"].astype(str) == key)
+        if not mask.any():
+            raise LogError(f"no row has prompt key or text {key!r}; keys look like {rows['prompt_key'].iat[0]!r}"
+                           if len(rows) else "this log has no rows yet")
+        return rows[mask].sort_values(["step", "part", "row"]).reset_index(drop=True)
+
+    def sql(self, query: str) -> pd.DataFrame:
+        """Run SQL (DuckDB, `pip install 'rlgen[sql]'`) over the log's light columns, as the table
+        `rows`; returns pandas. E.g. `log.sql("select step, avg(reward) from rows group by step")`."""
+        from ._views import run_sql
+
+        return run_sql(self.rows(), query)
+
+    def __repr__(self) -> str:
+        steps = self.steps
+        return (f"RolloutLog({self.path!r}: {len(self._parts())} parts, steps {_span(steps)}, "
+                f"reward versions {[LOGGED, *version_names(self._store)]}, source {self.source!r})")
+
+    def _repr_html_(self) -> str:
+        from ._views import log_html
+
+        return log_html(self)
+
+
+def _step_set(steps: Steps) -> set[int] | None:
+    if steps is None:
+        return None
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        return {steps}
+    if isinstance(steps, (range, list, tuple)) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+        return set(steps)
+    raise TypeError(f"steps must be None (every step), a step, a range or a list of steps; got {steps!r}"[:300])
+
+
+def _span(steps: Sequence[int]) -> str:
+    if not steps:
+        return "none yet"
+    return f"{steps[0]}..{steps[-1]} ({len(steps)} logged)"

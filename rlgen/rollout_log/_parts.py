@@ -1,0 +1,196 @@
+"""A rollout log's parts: one parquet file per logged call, named by its step, never modified.
+
+Owns: a part's file name (`step-000000010.train.3f9c1a2b.parquet`: the step, the part's name
+within its step, a random id) and reading it back (`PartName`); the stable prompt key
+(`prompt_keys`); turning a result into a part's bytes (`part_bytes`: the result's own parquet
+format, `Rollouts.to_parquet`, with the log's columns `step` and `prompt_key` added); and reading
+parts: the light columns of many parts into one DataFrame (`read_light`: only the columns asked
+for, each file read once per column and kept, since parts never change; a part that cannot be
+read is reported with its file and skipped), and the full result of some parts (`read_full`).
+Knows nothing about reward versions, diffs or views, nor about where the bytes live (`_store`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import uuid
+import warnings
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..core._errors import LogError
+from ._store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..rollouts._rollouts import Rollouts
+
+__all__ = ["PARTS", "LightCache", "PartName", "part_bytes", "prompt_keys", "read_full", "read_light"]
+
+PARTS = "parts"  # the folder of parts under a log's root
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_FILE = re.compile(r"^step-(\d{9})\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})\.parquet$")
+MAX_STEP = 10**9 - 1
+
+
+@dataclass(frozen=True, order=True)
+class PartName:
+    """What a part's file name says: its step, its name within the step, its random id."""
+
+    step: int
+    name: str
+    uid: str
+
+    @property
+    def file(self) -> str:
+        return f"step-{self.step:09d}.{self.name}.{self.uid}.parquet"
+
+    @classmethod
+    def new(cls, step: int, name: str) -> PartName:
+        """A fresh part name. Raises ValueError for a step or name a file name cannot carry."""
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"step must be an int in [0, {MAX_STEP}], got {step!r}")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"a part's name is 1-64 letters, digits, '_' or '-', got {name!r} (e.g. 'train', 'eval')")
+        return cls(step, name, uuid.uuid4().hex[:8])
+
+    @classmethod
+    def parse(cls, file: str) -> PartName | None:
+        """The part a file name names; None for a file that is not a part."""
+        m = _FILE.match(file)
+        return None if m is None else cls(int(m.group(1)), m.group(2), m.group(3))
+
+
+def prompt_keys(df: pd.DataFrame) -> list[str]:
+    """A 16-hex-digit key per row, the same for the same prompt in any step: a hash of the chat
+    messages (role and content, in order) where the row has them, else of the prompt text."""
+    messages = df["prompt_messages"].tolist() if "prompt_messages" in df.columns else [None] * len(df)
+    keys = []
+    for text, chat in zip(df["prompt"].tolist(), messages):
+        if isinstance(chat, (list, tuple)) and chat:
+            body = json.dumps([[m.get("role"), m.get("content")] for m in chat], ensure_ascii=False)
+        else:
+            body = str(text)
+        keys.append(hashlib.blake2b(body.encode(), digest_size=8).hexdigest())
+    return keys
+
+
+def part_bytes(res: Rollouts, step: int) -> bytes:
+    """The bytes of a part: `res` in its own parquet format with `step` and `prompt_key` columns.
+
+    Raises:
+        LogError: `res` has a `step` column that says another step.
+    """
+    import numpy as np
+
+    df = res.df
+    if "step" in df.columns and not (df["step"] == step).all():
+        raise LogError(f"these rows have a 'step' column that is not {step} everywhere: rename that column "
+                       "(the log writes each row's step itself)")
+    columns: dict[str, Any] = {"step": np.full(len(df), step, dtype=np.int64), "prompt_key": prompt_keys(df)}
+    buffer = io.BytesIO()
+    res.with_columns(columns).to_parquet(buffer)
+    return buffer.getvalue()
+
+
+class LightCache:
+    """Light columns of parts, kept per file and column: parts are never modified, so a column read
+    once stays right. A file that cannot be read is remembered with its error."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, dict[str, pa.ChunkedArray]] = {}
+        self.footers: dict[str, pq.FileMetaData] = {}
+        self.broken: dict[str, str] = {}
+
+    def footer(self, store: Store, file: str) -> pq.FileMetaData:
+        """A part's parquet footer (schema, row count), read once."""
+        if file not in self.footers:
+            import pyarrow.parquet as pq
+
+            self.footers[file] = pq.read_metadata(store.path(PARTS, file), filesystem=store.arrow_filesystem())
+        return self.footers[file]
+
+    def num_rows(self, store: Store, file: str) -> int:
+        """A part's row count; 0 for a part that cannot be read (remembered in `broken`)."""
+        import pyarrow as pa
+
+        try:
+            return int(self.footer(store, file).num_rows)
+        except (OSError, pa.ArrowException) as err:
+            self.broken.setdefault(file, f"{type(err).__name__}: {err}")
+            return 0
+
+
+def _read_file(store: Store, cache: LightCache, file: str, columns: Sequence[str] | None) -> pa.Table | None:
+    """One part's light columns (those it has among `columns`, or all of its non-token columns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if file in cache.broken:
+        return None
+    try:
+        names = [c for c in cache.footer(store, file).schema.to_arrow_schema().names if not c.startswith("_rlgen_")]
+        wanted = names if columns is None else [c for c in columns if c in names]
+        kept = cache.columns.setdefault(file, {})
+        missing = [c for c in wanted if c not in kept]
+        if missing:
+            table = pq.read_table(store.path(PARTS, file), columns=missing, filesystem=store.arrow_filesystem())
+            kept.update({c: table.column(c) for c in missing})
+    except (OSError, pa.ArrowException) as err:
+        cache.broken[file] = f"{type(err).__name__}: {err}"
+        return None
+    return pa.table({c: kept[c] for c in wanted})
+
+
+def read_light(store: Store, cache: LightCache, parts: Sequence[PartName], columns: Sequence[str] | None) -> pd.DataFrame:
+    """The rows of `parts` (in order) as one DataFrame of `columns` (None: every light column),
+    with `part` (the file name) and `row` (the row's position in its part). A column a part lacks
+    (a reward added halfway through a run) is null there. Parts that cannot be read are left out,
+    with a warning naming each file."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    before = set(cache.broken)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        tables = list(pool.map(lambda p: _read_file(store, cache, p.file, columns), parts))
+    newly = [f for f in cache.broken if f not in before and any(p.file == f for p in parts)]
+    for file in newly:
+        warnings.warn(f"rollout log part {store.path(PARTS, file)} cannot be read ({cache.broken[file]}): "
+                      "its rows are left out; the other parts are read", stacklevel=3)
+    kept = [(p, t) for p, t in zip(parts, tables) if t is not None]
+    if not kept:
+        return pd.DataFrame({"part": pd.Series([], dtype=object), "row": np.array([], dtype=np.int64),
+                             **{c: [] for c in (columns or [])}})
+    table = pa.concat_tables([t for _, t in kept], promote_options="permissive")
+    df = table.to_pandas()
+    df.insert(0, "part", np.repeat([p.file for p, _ in kept], [t.num_rows for _, t in kept]))
+    df.insert(1, "row", np.concatenate([np.arange(t.num_rows, dtype=np.int64) for _, t in kept]))
+    return df
+
+
+def read_full(store: Store, parts: Iterable[PartName], cls: type[Rollouts], *, tokenizer: Any = None) -> list[Rollouts]:
+    """Each part as the result class that wrote it (a subclass of `cls`: `Episodes` stay episodes).
+
+    Raises:
+        LogError: a part cannot be read (its file named).
+    """
+    import pyarrow as pa
+
+    out = []
+    for part in parts:
+        path = store.path(PARTS, part.file)
+        try:
+            out.append(cls.from_parquet(io.BytesIO(store.read_bytes(PARTS, part.file)), tokenizer=tokenizer))
+        except (OSError, ValueError, pa.ArrowException) as err:
+            raise LogError(f"rollout log part {path} cannot be read ({type(err).__name__}: {err}); the other "
+                           "parts can: pick steps without it, or move the file away", path=path) from err
+    return out

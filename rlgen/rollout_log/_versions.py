@@ -1,0 +1,151 @@
+"""Reward versions: the scores of a log's rows under one set of reward functions, with lineage.
+
+Owns: the version `logged` (the reward columns the training loop wrote into its parts) and the
+versions `rescore` appends, each a folder `rewards/<version>/` holding `lineage.json` (the
+functions, by name, source hash, source and parameters; the options that change a score; the
+repeats; when; rlgen's version) and one parquet file per scored part, named as the part, holding
+that part's rows in order (`repeat`-major when a row was scored more than once). A version's name
+is bound to its lineage: scoring again with the same functions adds only the parts not yet scored;
+with edited functions it is refused (pick a new name). Reading a version (`read_version`) gives
+one row per log row: the mean over repeats, and `reward_std` / `reward_min` / `reward_max` across
+them. Knows nothing about how scores are computed (`_rescore`) or compared (`compare/`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._version import __version__
+from ..core._columns import GROUP_COLUMNS, reward_output_columns
+from ..core._errors import LogError
+from ..rewards._lineage import function_lineage
+from ._parts import PartName
+from ._store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["LOGGED", "REWARDS", "claim_version", "lineage_of", "logged_columns", "read_version", "scored_parts",
+           "version_names", "write_scores"]
+
+REWARDS = "rewards"
+LOGGED = "logged"
+_LINEAGE = "lineage.json"
+# The options that change a score (the rest, mode, timeout, workers, progress, change how it runs).
+_SCORE_OPTIONS = ("weights", "style", "columns", "batch_size", "advantage", "eps")
+
+
+def lineage_of(named: Sequence[tuple[str, Callable[..., Any]]], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The lineage of a re-score: each function's (`rewards._lineage`), the options that change a
+    score, the repeats, and the key (`sha256`) that tells two lineages apart."""
+    functions = [function_lineage(name, fn) for name, fn in named]
+    score_options = {k: _jsonable(options.get(k)) for k in _SCORE_OPTIONS}
+    body = json.dumps({"functions": [(f["name"], f["source_sha256"]) for f in functions], "options": score_options,
+                       "repeats": options.get("repeats", 1)}, sort_keys=True)
+    return {"functions": functions, "options": score_options, "repeats": options.get("repeats", 1),
+            "sha256": hashlib.sha256(body.encode()).hexdigest()}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def version_names(store: Store) -> list[str]:
+    """The re-scored versions, oldest first (by their lineage's time)."""
+    names = [n for n in store.list(REWARDS) if store.exists(REWARDS, n, _LINEAGE)]
+    return sorted(names, key=lambda n: (read_lineage(store, n).get("created", ""), n))
+
+
+def read_lineage(store: Store, name: str) -> dict[str, Any]:
+    """A version's lineage.json. Raises LogError for a version that does not exist."""
+    if not store.exists(REWARDS, name, _LINEAGE):
+        raise LogError(f"no reward version {name!r} in this log; its versions: {[LOGGED, *version_names(store)]}")
+    loaded: dict[str, Any] = json.loads(store.read_bytes(REWARDS, name, _LINEAGE))
+    return loaded
+
+
+def claim_version(store: Store, name: str, lineage: dict[str, Any]) -> bool:
+    """Bind `name` to `lineage`: True where it is new (lineage.json written), False where it has this
+    lineage already (scoring goes on where it stopped).
+
+    Raises:
+        LogError: `name` is bound to other functions or options (the error says which differ).
+    """
+    if store.exists(REWARDS, name, _LINEAGE):
+        old = read_lineage(store, name)
+        if old["sha256"] == lineage["sha256"]:
+            return False
+        was = {f["name"]: f["source_sha256"][:12] for f in old["functions"]}
+        now = {f["name"]: f["source_sha256"][:12] for f in lineage["functions"]}
+        raise LogError(f"reward version {name!r} exists with other functions or options (it has {was}, "
+                       f"{old['options']}, repeats {old['repeats']}; these are {now}, {lineage['options']}, "
+                       f"repeats {lineage['repeats']}): nothing is overwritten, so pick a new name, e.g. "
+                       f"version={name + '_2'!r}", path=store.path(REWARDS, name))
+    record = {"version": name, **lineage, "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+              "rlgen": __version__}
+    store.write_new(json.dumps(record, indent=1).encode(), REWARDS, name, _LINEAGE)
+    return True
+
+
+def scored_parts(store: Store, name: str) -> set[str]:
+    """The part files a version has scored."""
+    return {f for f in store.list(REWARDS, name) if PartName.parse(f) is not None}
+
+
+def write_scores(store: Store, name: str, part: PartName, columns: Mapping[str, Any], repeat: Sequence[int]) -> None:
+    """One part's scores under a version (rows in the part's order, repeat-major)."""
+    import pandas as pd
+
+    df = pd.DataFrame({"repeat": list(repeat), **{k: list(v) for k, v in columns.items()}})
+    buffer = io.BytesIO()
+    df.to_parquet(buffer, index=False)
+    store.write_new(buffer.getvalue(), REWARDS, name, part.file)
+
+
+def logged_columns(columns: Sequence[str]) -> list[str]:
+    """The columns of the version `logged` among a part's columns: what scoring wrote, and a
+    `reward` / `advantage` imported from a framework's log."""
+    return [c for c in columns if c in reward_output_columns(columns) or c in GROUP_COLUMNS]
+
+
+def read_version(store: Store, name: str, parts: Sequence[PartName], rows: pd.DataFrame) -> pd.DataFrame:
+    """The version's scores for `rows` (a frame with `part` and `row`), aligned with them; NaN and
+    status None where a part has not been scored under it."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    scored = scored_parts(store, name)
+    for part in parts:
+        if part.file not in scored:
+            continue
+        df = pd.read_parquet(io.BytesIO(store.read_bytes(REWARDS, name, part.file)))
+        n = int((df["repeat"] == 0).sum())
+        df.insert(0, "row", np.tile(np.arange(n, dtype=np.int64), len(df) // max(n, 1)))
+        df.insert(0, "part", part.file)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(index=rows.index, columns=["reward"], dtype=float)
+    every = pd.concat(frames, ignore_index=True)
+    numeric = [c for c in every.columns if c not in ("part", "row", "repeat") and pd.api.types.is_numeric_dtype(every[c])
+               and not pd.api.types.is_bool_dtype(every[c])]
+    grouped = every.groupby(["part", "row"], sort=False)
+    out = grouped[numeric].mean()
+    if int(every["repeat"].max()) > 0:
+        out["reward_std"] = grouped["reward"].std(ddof=1)
+        out["reward_min"] = grouped["reward"].min()
+        out["reward_max"] = grouped["reward"].max()
+    rest = [c for c in every.columns if c not in numeric and c not in ("part", "row", "repeat")]
+    first = every[every["repeat"] == 0].set_index(["part", "row"])[rest]
+    out = out.join(first)
+    keys = pd.MultiIndex.from_frame(rows[["part", "row"]])
+    return out.reindex(keys).set_axis(rows.index)
