@@ -1,0 +1,112 @@
+"""Where a log lives and what survives: a writer SIGKILLed while appending (a real subprocess) leaves
+every completed part and no partial one; a log at an s3:// URL on a real S3 API (moto's server mode,
+started here: no mock of the filesystem layer) is written, read by another reader and re-scored."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _cpu_server_process import free_port
+from _logs import says_yes, scored
+
+import rlgen
+
+HERE = Path(__file__).resolve().parent
+WRITER = """
+import sys
+sys.path.insert(0, {here!r})
+from _logs import scored
+import rlgen
+log = rlgen.RolloutLog.create({path!r}, exist_ok=True)
+big = scored([["yes", "no"] * 500] * 40)   # 40,000 rows: a part takes a while to write
+step = len(log.steps)
+while True:
+    print("writing", step, flush=True)
+    log.append(step, big)
+    print("wrote", step, flush=True)
+    step += 1
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("delay", [0.0, 0.15, 0.4])
+def test_a_writer_killed_while_appending_leaves_every_completed_part_and_no_partial_one(tmp_path: Path,
+                                                                                         delay: float) -> None:
+    path = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-c", WRITER.format(here=str(HERE), path=str(path))],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        wrote = []
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("wrote"):
+                wrote.append(int(line.split()[1]))
+            if line.startswith("writing") and len(wrote) >= 2:
+                time.sleep(delay)  # somewhere inside the next append
+                child.send_signal(signal.SIGKILL)
+                break
+    finally:
+        child.kill()
+        child.wait(30)
+    log = rlgen.RolloutLog(path)
+    assert set(wrote) <= set(log.steps) <= set(wrote) | {len(wrote)}
+    for step in log.steps:  # every part there is whole
+        assert len(log.load(step)) == 40_000
+    assert len(log.rows(columns=["reward"])) == 40_000 * len(log.steps)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    port = free_port()
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.2)
+        import boto3
+
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="runs")
+        options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
+        yield options  # type: ignore[misc]
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+@pytest.mark.timeout(180)
+def test_a_log_at_an_s3_url_is_written_read_by_another_reader_and_rescored(s3: dict[str, str]) -> None:
+    url = "s3://runs/exp1"
+    log = rlgen.RolloutLog.create(url, storage_options=s3)
+    log.append(0, scored([["yes", "no"], ["no", "no"]]))
+    reader = rlgen.RolloutLog(url, storage_options=s3)
+    assert reader.steps == [0]
+    log.append(1, scored([["yes", "yes"], ["no", "yes"]]))
+    assert reader.steps == [0, 1] and reader.trend()["reward"].tolist() == [0.25, 0.75]
+    assert reader.load(1).df["completion"].tolist() == ["yes", "yes", "no", "yes"]
+    with pytest.raises(rlgen.LogError, match="already has a part"):
+        log.append(1, scored([["yes", "yes"]]))
+    reader.rescore({"no": lambda completion: 1.0 - says_yes(completion)}, version="inverse", mode="inline",
+                   progress=False)
+    assert log.rewards("inverse")["reward"].tolist() == [0, 1, 1, 1, 0, 0, 1, 0]
+    with pytest.raises(rlgen.LogError, match="nothing is there"):
+        rlgen.RolloutLog("s3://runs/missing", storage_options=s3)
