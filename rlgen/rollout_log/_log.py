@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from ..compare._reward_diff import RewardDiff
     from ..rewards._scoring import RewardFunctions
+    from ._browser import LogBrowser
     from ._views import LogPlots
 
 __all__ = ["RolloutLog"]
@@ -210,6 +211,35 @@ class RolloutLog:
                            + f"; its steps: {_span(self.steps)}", path=self.path)
         results = read_full(self._store, parts, Rollouts, tokenizer=tokenizer)
         return results[0] if len(results) == 1 else type(results[0]).concat(results)
+
+    def load_rows(self, rows: pd.DataFrame) -> Rollouts:
+        """The rows a frame names by `part` and `row` (e.g. `diff.changed`), as one result in the
+        frame's order, with the frame's other columns added (both scores of a diff, say). Reads
+        only the parts those rows are in."""
+        import numpy as np
+
+        if not {"part", "row"} <= set(rows.columns) or not len(rows):
+            raise ValueError("rows must be a non-empty frame with 'part' and 'row' columns (from log.rows(), a diff)")
+        by_file = {p.file: p for p in self._parts()}
+        unknown = sorted(set(rows["part"]) - set(by_file))
+        if unknown:
+            raise LogError(f"rows name parts this log does not have: {unknown[:3]}", path=self.path)
+        files = list(dict.fromkeys(rows["part"]))
+        loaded = dict(zip(files, read_full(self._store, [by_file[f] for f in files], Rollouts)))
+        picked = [loaded[f][[int(r)]] for f, r in zip(rows["part"], rows["row"])]
+        res = picked[0] if len(picked) == 1 else type(picked[0]).concat(picked, renumber=True)
+        extra = [c for c in rows.columns if c not in res.df.columns and c not in ("part", "row")]
+        columns = {c: rows[c].tolist() for c in extra}
+        columns.update({"log_part": rows["part"].tolist(), "log_row": np.asarray(rows["row"], dtype=np.int64).tolist()})
+        return res.with_columns(columns)
+
+    def browse(self, *, step: int | None = None, reward: str = "reward", widgets: bool | None = None) -> LogBrowser:
+        """A browser over the log a step at a time (a slider over the logged steps; previous / next),
+        each step in the rollout browser (filters, groups, token heatmaps). Only the shown step is
+        read. `step`: the one to open at (default the first)."""
+        from ._browser import LogBrowser
+
+        return LogBrowser(lambda s: self.load(s), self.steps, step=step, reward=reward, widgets=widgets)
 
     # -- reward versions ---------------------------------------------------------------------------
     def versions(self) -> pd.DataFrame:

@@ -84,16 +84,27 @@ def claim_version(store: Store, name: str, lineage: dict[str, Any]) -> bool:
         old = read_lineage(store, name)
         if old["sha256"] == lineage["sha256"]:
             return False
-        was = {f["name"]: f["source_sha256"][:12] for f in old["functions"]}
-        now = {f["name"]: f["source_sha256"][:12] for f in lineage["functions"]}
-        raise LogError(f"reward version {name!r} exists with other functions or options (it has {was}, "
-                       f"{old['options']}, repeats {old['repeats']}; these are {now}, {lineage['options']}, "
-                       f"repeats {lineage['repeats']}): nothing is overwritten, so pick a new name, e.g. "
-                       f"version={name + '_2'!r}", path=store.path(REWARDS, name))
+        raise LogError(f"reward version {name!r} exists with other functions or options ({_differences(old, lineage)}): "
+                       f"nothing is overwritten, so pick a new name, e.g. version={name + '_2'!r}",
+                       path=store.path(REWARDS, name))
     record = {"version": name, **lineage, "created": dt.datetime.now(dt.timezone.utc).isoformat(),
               "rlgen": __version__}
     store.write_new(json.dumps(record, indent=1).encode(), REWARDS, name, _LINEAGE)
     return True
+
+
+def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """What tells two lineages apart, in words: "'strict': its source changed; repeats 1 -> 3"."""
+    was = {f["name"]: f for f in old["functions"]}
+    now = {f["name"]: f for f in new["functions"]}
+    said = [f"{k!r}: its {'parameters' if was[k]['params'] != now[k]['params'] else 'source'} changed"
+            for k in was if k in now and was[k]["source_sha256"] != now[k]["source_sha256"]]
+    said += [f"{k!r} is not in it" for k in now if k not in was] + [f"it also has {k!r}" for k in was if k not in now]
+    said += [f"{k} {old['options'][k]!r} -> {new['options'][k]!r}" for k in new["options"]
+             if old["options"].get(k) != new["options"][k]]
+    if old["repeats"] != new["repeats"]:
+        said.append(f"repeats {old['repeats']} -> {new['repeats']}")
+    return "; ".join(said)
 
 
 def scored_parts(store: Store, name: str) -> set[str]:

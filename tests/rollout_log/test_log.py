@@ -159,3 +159,30 @@ def test_append_refuses_what_is_not_a_result_and_steps_a_file_name_cannot_carry(
     with pytest.raises(ValueError, match="a part's name"):
         log.append(0, scored([["yes"]]), name="with space")
     assert os.listdir(tmp_path / "run") == ["log.json"]
+
+
+def test_the_browser_reads_a_step_only_when_it_is_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = rlgen.RolloutLog.create(tmp_path / "run")
+    for step in (0, 5, 9):
+        log.append(step, scored([["yes", "no"], ["no", "no"]]))
+    loaded: list[int] = []
+    load = log.load
+    monkeypatch.setattr(log, "load", lambda s: loaded.append(s) or load(s))
+    b = log.browse(step=5, widgets=False)
+    assert loaded == [] and "step 5 (2 of 3 logged steps, 0..9)" in b.html() and loaded == [5]
+    b.step = 9
+    assert "step 9 (3 of 3" in b.html() and loaded == [5, 9]
+    b.step = 5
+    assert "step 5" in b.html() and loaded == [5, 9]  # kept: not read again
+    with pytest.raises(ValueError, match="step 3 is not in this log"):
+        log.browse(step=3)
+
+
+def test_rows_named_by_part_and_row_load_back_with_the_frames_columns(tmp_path: Path) -> None:
+    log = rlgen.RolloutLog.create(tmp_path / "run")
+    log.append(0, scored([["yes", "no"]]))
+    log.append(1, scored([["no", "yes"]]))
+    rows = log.rows(columns=["completion"]).iloc[[3, 0]].assign(note=["last", "first"])
+    res = log.load_rows(rows)
+    assert res.df["completion"].tolist() == ["yes", "yes"] and res.df["note"].tolist() == ["last", "first"]
+    assert res.df["step"].tolist() == [1, 0] and res.df["log_row"].tolist() == [1, 0]

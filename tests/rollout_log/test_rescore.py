@@ -70,7 +70,7 @@ def test_an_edited_function_under_a_taken_version_name_is_refused_and_nothing_ch
     log.rescore({"strict": strict}, version="v2", mode="inline", progress=False)
     before = _digest(tmp_path / "run")
     edited = {"strict": lambda completion: float(completion.startswith("yes"))}
-    with pytest.raises(rlgen.LogError, match=r"reward version 'v2' exists with other functions.*version='v2_2'"):
+    with pytest.raises(rlgen.LogError, match=r"reward version 'v2' exists with other functions or options \('strict': its source changed\).*version='v2_2'"):
         log.rescore(edited, version="v2", mode="inline", progress=False)
     with pytest.raises(ValueError, match="not 'logged'"):
         log.rescore(edited, version="logged", mode="inline", progress=False)
