@@ -401,7 +401,7 @@ def _step_interval(diff: np.ndarray, *, step: int, confidence: float, interval: 
         return m, centre, math.nan, math.nan, False
     if interval == "t":
         low, high = t_interval(diff, confidence=confidence)
-    else:  # seeded by the step too: a step's interval does not depend on which other steps were asked for
+    else:  # seeded by (seed, step): steps of as many groups draw different resamples, each step reproducibly
         low, high = bootstrap_interval(diff, confidence=confidence, seed=[seed, step % 2**63])
     return m, centre, low, high, bool(low > 0 or high < 0)
 
