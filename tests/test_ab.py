@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from rlgen.compare._ab import ABReport, _compare_metric, _t_quantile, ab
+from rlgen.compare._ab import ABReport, _compare_metric, ab
+from rlgen.compare._intervals import t_quantile
 from rlgen.rewards._group_stats import pass_at_k
 from rlgen.rollouts import Rollouts, rollouts_from_responses
 
@@ -168,7 +169,7 @@ def test_the_interval_is_the_mean_difference_plus_minus_the_t_quantile_times_its
     (0.95, 49, 1.6765508926168535),                           # mpmath, 40 digits
 ])
 def test_t_quantile_matches_closed_forms_and_high_precision_values(p: float, df: int, expected: float) -> None:
-    assert _t_quantile(p, df) == pytest.approx(expected, rel=1e-9)
+    assert t_quantile(p, df) == pytest.approx(expected, rel=1e-9)
 
 
 def coverage(draw: str, *, prompts: int, comparisons: int, seed: int) -> float:
