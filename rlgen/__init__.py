@@ -14,6 +14,7 @@ from ._version import __version__
 from .compare._ab import ABReport, ab
 from .compare._kl import LogprobShift, compare
 from .compare._logprobs import compare_logprobs
+from .compare._reward_diff import RewardDiff
 from .core._errors import (
     AdapterError,
     EngineClosedError,
@@ -61,6 +62,7 @@ __all__ = [
     "Prompts",
     "RequestError",
     "RequestTimeout",
+    "RewardDiff",
     "RewardOptions",
     "RlgenError",
     "RolloutLog",
@@ -84,7 +86,7 @@ __all__ = [
 ]
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
-for _obj in (Engine, EngineState, Episodes, Rollouts, RolloutLog, LogError, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
+for _obj in (Engine, EngineState, Episodes, Rollouts, RolloutLog, LogError, RewardDiff, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
              reap, resolve_model, RlgenError, AdapterError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,9 @@ from ._intervals import BOOTSTRAP_RESAMPLES, bootstrap_interval, t_interval
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
+
+    from ..rollouts._browser import RolloutBrowser
+    from ..rollouts._rollouts import Rollouts
 
 __all__ = ["RewardDiff", "reward_diff"]
 
@@ -65,6 +68,7 @@ def reward_diff(
     interval: str = "t",
     min_prompts: int = 2,
     seed: int = 0,
+    loader: Callable[[pd.DataFrame], Rollouts] | None = None,
 ) -> RewardDiff:
     """Two versions of a reward over the same rows, side by side.
 
@@ -88,6 +92,8 @@ def reward_diff(
         min_prompts: steps with fewer prompt groups scored under both versions get no interval
             (NaN) and never count as diverged; at least 2.
         seed: the bootstrap's seed (an int >= 0); unused by "t".
+        loader: reads rows named by `part` and `row` back as a result, for `RewardDiff.browse`
+            (a log passes its `load_rows`).
 
     Returns:
         A `RewardDiff` (see there): `changed`, `groups` and `flips`, `advantages`, `per_step`,
@@ -110,7 +116,8 @@ def reward_diff(
     return RewardDiff(names=pair, reward=reward, rows=len(rows), changed=_changed(rows, ra, rb, pair), groups=groups,
                       advantages=_advantage_table(rows, keys, ra, rb, pair), per_step=per_step,
                       diverged_at=diverged_at, sustained_from=sustained_from, threshold=float(threshold),
-                      confidence=float(confidence), interval=interval, min_prompts=min_prompts, seed=seed)
+                      confidence=float(confidence), interval=interval, min_prompts=min_prompts, seed=seed,
+                      loader=loader)
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -157,6 +164,22 @@ class RewardDiff:
     interval: str
     min_prompts: int
     seed: int
+    # Reads rows named by part and row back as a result (the log's `load_rows`), for `browse`;
+    # None where the diff was made from frames alone.
+    loader: Callable[[pd.DataFrame], Rollouts] | None = None
+
+    def browse(self, *, top: int = 50, widgets: bool | None = None) -> RolloutBrowser:
+        """The `top` changed rows (largest |delta| first) in the rollout browser, with both scores as
+        columns (filter and slide on the newer one, `names[1]`) and `delta`. Needs a diff made by a
+        log (`log.diff(...)`), which knows where the rows are."""
+        from ..rollouts._browser import RolloutBrowser
+
+        if self.loader is None:
+            raise ValueError("this diff was made from frames, not by a log: browse a log's diff (log.diff(a, b).browse())")
+        if not len(self.changed):
+            raise ValueError(f"no row's score changed between {self.names[0]!r} and {self.names[1]!r}: nothing to browse")
+        picked = self.changed.head(top)[["part", "row", *self.names, "delta"]]
+        return RolloutBrowser(self.loader(picked), reward=self.names[1], widgets=widgets)
 
     @property
     def flips(self) -> pd.DataFrame:

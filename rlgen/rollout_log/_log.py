@@ -17,6 +17,7 @@ wrote; others: `rescore`), with its *lineage* (which functions, which source, wh
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from ..core._errors import LogError
 from ..core._options import RescoreOptions, resolve, takes_options
 from ..rollouts._rollouts import Rollouts
 from ._parts import PARTS, LightCache, PartName, part_bytes, read_full, read_light
-from ._store import Store, open_store
+from ._store import open_store
 from ._versions import LOGGED, logged_columns, read_lineage, read_version, version_names
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class RolloutLog:
         steps = self.steps
         if len(steps) < 3:
             return []
-        gaps = [b - a for a, b in zip(steps, steps[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(steps)]
         stride = max(set(gaps), key=gaps.count)
         return sorted(set(range(steps[0], steps[-1] + 1, stride)) - set(steps))
 
@@ -231,7 +232,8 @@ class RolloutLog:
         extra = [c for c in rows.columns if c not in res.df.columns and c not in ("part", "row")]
         columns = {c: rows[c].tolist() for c in extra}
         columns.update({"log_part": rows["part"].tolist(), "log_row": np.asarray(rows["row"], dtype=np.int64).tolist()})
-        return res.with_columns(columns)
+        loaded_rows: Rollouts = res.with_columns(columns)
+        return loaded_rows
 
     def browse(self, *, step: int | None = None, reward: str = "reward", widgets: bool | None = None) -> LogBrowser:
         """A browser over the log a step at a time (a slider over the logged steps; previous / next),
@@ -290,6 +292,8 @@ class RolloutLog:
     def rewards(self, version: str = LOGGED, *, steps: Steps = None) -> pd.DataFrame:
         """Each row's scores under a version (`part`, `row`, `step`, then the version's columns:
         per-function values and statuses, `reward`, group columns); NaN where not scored."""
+        if version != LOGGED:
+            read_lineage(self._store, version)  # LogError naming the versions there are
         rows = self.rows(steps=steps, columns=["step"] if version != LOGGED else None)
         if version == LOGGED:
             keep = ["part", "row", "step", *logged_columns([c for c in rows.columns if c not in ("part", "row", "step")])]
@@ -316,7 +320,8 @@ class RolloutLog:
         scores = [self.rewards(v, steps=steps).loc[:, lambda d: [c for c in d.columns if c not in ("part", "row", "step")]]
                   for v in (a, b)]
         return reward_diff(rows, scores[0].set_axis(rows.index), scores[1].set_axis(rows.index), names=(a, b),
-                           reward=reward, threshold=threshold, confidence=confidence, interval=interval)
+                           reward=reward, threshold=threshold, confidence=confidence, interval=interval,
+                           loader=self.load_rows)
 
     # -- views -------------------------------------------------------------------------------------
     def trend(self, *, version: str = LOGGED, steps: Steps = None, reward: str = "reward",

@@ -580,22 +580,26 @@ class Rollouts(TensorProperties, RewardMethods):
 register_result_class(Rollouts)
 
 
-def _class_to_read(cls: type[R], name: str | None, path: str | os.PathLike[str]) -> type[R]:
+def _class_to_read(cls: type[R], name: str | None, path: str | os.PathLike[str] | BinaryIO) -> type[R]:
     """The class a file is read as: the one that wrote it (`name`) where that is `cls` or a
     subclass of it; `cls` for files written before the name was kept."""
     if name is None or name == cls.__qualname__:
         return cls
     wrote = result_class(name)
     if wrote is None:
-        warnings.warn(f"{os.fspath(path)} was written by {name}, a class not imported here: read as {cls.__qualname__} "
+        warnings.warn(f"{_source_name(path)} was written by {name}, a class not imported here: read as {cls.__qualname__} "
                       f"(import the module that defines {name}, then read it again)", stacklevel=3)
         return cls
     if issubclass(wrote, cls):
         return wrote
     if issubclass(cls, wrote):
-        raise TypeError(f"{os.fspath(path)} holds a {name}, not {cls.__qualname__}: read it with "
+        raise TypeError(f"{_source_name(path)} holds a {name}, not {cls.__qualname__}: read it with "
                         f"{name}.from_parquet(...)")
     return cls
+
+
+def _source_name(path: str | os.PathLike[str] | BinaryIO) -> str:
+    return os.fspath(path) if isinstance(path, (str, os.PathLike)) else "this file"
 
 
 def _token_text_for(tokenizer: Any) -> TokenText | None:
