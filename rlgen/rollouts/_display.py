@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ._protocol import RolloutsView
 
 __all__ = [
+    "RETOKENIZED_NOTE",
     "VIEW_STYLE",
     "adapter_html",
     "adapter_name",
@@ -53,6 +54,11 @@ __all__ = [
     "short_repr",
     "token_pieces",
 ]
+
+# What the view says of rows imported from a framework's text-only log (`RolloutLog.from_trl`, ...).
+RETOKENIZED_NOTE = ("re-tokenized from text: these rows come from a training framework's text-only log, so their "
+                    "token ids were made from the text by a tokenizer, not sampled by the model; they have no "
+                    "logprobs, and token boundaries may differ from what the model saw")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -456,6 +462,9 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
         label, note = episodes_mask_note(r, len(shown)) if episodes else _mask_note(r, shown)
         parts.append(label)
         notes.append(note)
+    if "retokenized" in df.columns and df["retokenized"].fillna(False).astype(bool).any():
+        parts.append('<span style="color:#b35a00">re-tokenized from text</span>')
+        notes.append(f'<div style="{LINE_STYLE}">{html.escape(RETOKENIZED_NOTE)}</div>')
     record = record_note(r)
     if record:
         parts.append('<span style="color:#888">record</span>')

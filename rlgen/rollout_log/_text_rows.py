@@ -1,0 +1,142 @@
+"""What a training framework's text-only log becomes in a rollout log: a result per step.
+
+Owns: `TextStep` (one step's rows as a framework logged them: prompt and completion texts, reward
+columns, an advantage, extra columns, and token ids where the framework logged them) and
+`text_result`, which makes it a `Rollouts`: prompts and completions tokenized with the tokenizer
+the user named (unless ids were logged), every row marked `retokenized` where its ids were made
+from text (no logprobs; nothing downstream claims token faithfulness for it), prompt groups by
+prompt text in order of first appearance, finish reasons as far as they can be known (a logged
+length at or above `max_completion_length` says "length"; otherwise "unknown", never a guess of
+"stop"), the logged rewards as the reward columns `add_rewards` writes (`reward_<name>`, its
+status, the weighted `reward`, the group columns) with the logged advantage kept as it was, and the
+user's dataset joined on the prompt (`join_dataset`). Knows nothing about any framework's files:
+`_import_trl` and `_import_verl` read those.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..rewards._group_stats import group_arrays
+from ..rollouts._build import rollouts_from_responses
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..rollouts._rollouts import Rollouts
+
+__all__ = ["TextStep", "join_dataset", "prompt_text", "text_result"]
+
+
+@dataclass
+class TextStep:
+    """One step's rows as a framework logged them (one list entry per row)."""
+
+    step: int
+    prompts: list[Any]                    # a text, or chat messages (a list of {"role", "content"})
+    completions: list[str]
+    rewards: dict[str, list[float]]       # function name -> its logged value per row
+    advantage: list[float] | None = None  # the advantage the trainer logged, kept as it was
+    completion_ids: list[list[int]] | None = None  # the sampled ids, where the framework logged them
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # other logged columns, kept
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as text: itself, or chat messages as 'role: content' lines."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt)
+    return str(prompt)
+
+
+def _prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    messages = [dict(m) for m in prompt]
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+
+
+def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping[str, float] | None = None,
+                max_completion_length: int | None = None) -> Rollouts:
+    """The step's rows as a Rollouts (see the module docstring); `source` names the framework."""
+    n = len(rows.completions)
+    texts = [prompt_text(p) for p in rows.prompts]
+    index = {t: i for i, t in enumerate(dict.fromkeys(texts))}
+    group = [index[t] for t in texts]
+    sample = [sum(1 for g in group[:i] if g == group[i]) for i in range(n)]
+    faithful = rows.completion_ids is not None
+    ids: list[list[int]] = (rows.completion_ids if rows.completion_ids is not None
+                            else [list(tokenizer.encode(c, add_special_tokens=False)) for c in rows.completions])
+    prompt_ids = {t: _prompt_ids(tokenizer, p) for t, p in zip(texts, rows.prompts)}
+    finish = ["length" if max_completion_length is not None and len(i) >= max_completion_length else "unknown"
+              for i in ids]
+    entries = [{"text": c, "output_ids": i, "meta_info": {"id": f"{source}-{rows.step}-{k}", "completion_tokens": len(i),
+                                                          "finish_reason": {"type": f, "matched": None}}}
+               for k, (c, i, f) in enumerate(zip(rows.completions, ids, finish))]
+    extra: dict[str, list[Any]] = {name: _plain(values) for name, values in rows.extra.items()}
+    extra.update(_reward_columns(rows, group, weights or {}))
+    extra["retokenized"] = [not faithful] * n
+    res = rollouts_from_responses(entries, prompt_ids=[prompt_ids[t] for t in texts], prompt_texts=texts, n=1,
+                                  pad_token_id=int(getattr(tokenizer, "pad_token_id", None) or 0), extra=extra,
+                                  model=str(getattr(tokenizer, "name_or_path", "")), decode=None)
+    res.df = res.df.assign(prompt_index=np.asarray(group, dtype=np.int64), sample_index=np.asarray(sample, dtype=np.int64))
+    return res
+
+
+def _plain(values: list[Any]) -> list[Any]:
+    """A logged column as parquet holds it: nested values (lists, dicts) as JSON text."""
+    if any(isinstance(v, (dict, list, tuple, np.ndarray)) for v in values):
+        return [None if v is None else json.dumps(v.tolist() if isinstance(v, np.ndarray) else v) for v in values]
+    return values
+
+
+def _reward_columns(rows: TextStep, group: list[int], weights: Mapping[str, float]) -> dict[str, list[Any]]:
+    """The logged rewards as add_rewards' columns: per function its value and status ("ok", or
+    "none" where the framework logged NaN), `reward` (the weighted sum of the finite values, NaN
+    where none is), the group columns, and the logged advantage where there is one."""
+    n = len(rows.completions)
+    out: dict[str, list[Any]] = {}
+    total = np.zeros(n)
+    finite_any = np.zeros(n, dtype=bool)
+    for name, values in rows.rewards.items():
+        v = np.asarray(values, dtype=np.float64)
+        ok = np.isfinite(v)
+        out[f"reward_{name}"] = v.tolist()
+        out[f"reward_{name}_status"] = ["ok" if k else "none" for k in ok]
+        total += np.where(ok, v, 0.0) * float(weights.get(name, 1.0))
+        finite_any |= ok
+    reward = np.where(finite_any, total, np.nan)
+    stats = group_arrays(reward, np.asarray(group))
+    out.update({"reward": reward.tolist(), "group_mean": stats.mean.tolist(), "group_std": stats.std.tolist(),
+                "group_zero_std": stats.zero_std.tolist()})
+    if rows.advantage is not None:
+        out["advantage"] = [float(a) for a in rows.advantage]
+    return out
+
+
+def join_dataset(prompts: list[Any], dataset: pd.DataFrame, *, on: str) -> tuple[dict[str, list[Any]], int]:
+    """The dataset's other columns for each logged prompt, matched on its text (chat prompts by
+    their last user message, since a framework's logged prompt may omit the system message its
+    chat template adds), and how many rows matched (None in the columns where one did not)."""
+    if on not in dataset.columns:
+        raise ValueError(f"the dataset has no column {on!r} to join on; its columns: {list(dataset.columns)}")
+    keys = [_join_key(p) for p in dataset[on].tolist()]
+    table = dict(zip(keys, range(len(keys))))
+    positions = [table.get(_join_key(p)) for p in prompts]
+    columns = {c: [None if k is None else dataset[c].iat[k] for k in positions] for c in dataset.columns if c != on}
+    return columns, sum(k is not None for k in positions)
+
+
+def _join_key(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt.strip()
+    if isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        users = [m for m in prompt if m.get("role") == "user"]
+        return str((users[-1] if users else prompt[-1]).get("content", "")).strip()
+    return str(prompt).strip()
