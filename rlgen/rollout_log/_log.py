@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..compare._reward_diff import RewardDiff
     from ..rewards._scoring import RewardFunctions
     from ._browser import LogBrowser
+    from ._text_rows import TextStep
     from ._views import LogPlots
 
 __all__ = ["RolloutLog"]
@@ -114,6 +115,74 @@ class RolloutLog:
         store.write_new(json.dumps(info, indent=1).encode(), _MARKER)
         return cls(path, storage_options=storage_options)
 
+    @classmethod
+    def from_trl(cls, folder: str | os.PathLike[str], path: str | os.PathLike[str], *, tokenizer: Any,
+                 dataset: pd.DataFrame | None = None, dataset_prompt: str = "prompt",
+                 reward_columns: Sequence[str] | None = None, reward_weights: dict[str, float] | None = None,
+                 max_completion_length: int | None = None, storage_options: dict[str, Any] | None = None) -> RolloutLog:
+        """A new log at `path` holding a TRL run's completion logs (`log_completions=True`; `folder`:
+        its output_dir), a part per logged step.
+
+        TRL logs text only: the rows are tokenized with `tokenizer` (a tokenizer, or a local path or
+        name) and marked `retokenized` (no logprobs), unless a reward function logged a
+        `completion_ids` column through `log_extra`. `dataset` (with the prompts in
+        `dataset_prompt`) is joined on the prompt to bring back what TRL does not log (the answer);
+        `max_completion_length` marks rows that reached it as cut ("length"); other finish reasons
+        are "unknown". `reward_weights`: GRPOConfig's, for the combined `reward`. The log's `notes`
+        say what was matched, re-tokenized and missing.
+
+        Raises:
+            LogError: `folder` is not a TRL run's output, or in a layout this version does not know.
+        """
+        from ._import_trl import read_trl
+
+        steps, notes = read_trl(folder, reward_columns=reward_columns)
+        return cls._imported("trl", path, steps, notes, tokenizer=tokenizer, dataset=dataset, dataset_prompt=dataset_prompt,
+                             weights=reward_weights, max_completion_length=max_completion_length,
+                             storage_options=storage_options)
+
+    @classmethod
+    def from_verl(cls, folder: str | os.PathLike[str], path: str | os.PathLike[str], *, tokenizer: Any,
+                  dataset: pd.DataFrame | None = None, dataset_prompt: str = "prompt",
+                  max_completion_length: int | None = None, storage_options: dict[str, Any] | None = None) -> RolloutLog:
+        """A new log at `path` holding a verl run's rollout dumps (`folder`: its
+        `trainer.rollout_data_dir`), a part per step: `score` as the logged reward, `gts` as
+        `ground_truth`, the reward manager's fields as columns. Text only, as `from_trl`: rows are
+        re-tokenized with `tokenizer` and marked `retokenized`.
+
+        Raises:
+            LogError: `folder` is not a verl dump, or in a layout this version does not know.
+        """
+        from ._import_verl import read_verl
+
+        steps, notes = read_verl(folder)
+        return cls._imported("verl", path, steps, notes, tokenizer=tokenizer, dataset=dataset,
+                             dataset_prompt=dataset_prompt, weights=None, max_completion_length=max_completion_length,
+                             storage_options=storage_options)
+
+    @classmethod
+    def _imported(cls, source: str, path: str | os.PathLike[str], steps: Sequence[TextStep], notes: list[str], *,
+                  tokenizer: Any, dataset: pd.DataFrame | None, dataset_prompt: str, weights: dict[str, float] | None,
+                  max_completion_length: int | None, storage_options: dict[str, Any] | None) -> RolloutLog:
+        """A new log holding a framework's steps, with notes on what the import could not know."""
+        from ..client._tokenizer import load_tokenizer
+        from ..core._progress import ProgressLine
+        from ._text_rows import join_dataset, text_result
+
+        tok = load_tokenizer(os.fspath(tokenizer)) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+        notes = [*notes, *_import_notes(steps, tokenizer=tok, dataset=dataset, dataset_prompt=dataset_prompt,
+                                        max_completion_length=max_completion_length)]
+        log = cls.create(path, storage_options=storage_options, source=source, notes=notes)
+        with ProgressLine(f"import {source}", total=len(steps), unit="step", show=None) as line:
+            for rows in steps:
+                if dataset is not None:
+                    joined, _ = join_dataset(rows.prompts, dataset, on=dataset_prompt)
+                    rows.extra.update({k: v for k, v in joined.items() if k not in rows.extra})
+                log.append(rows.step, text_result(rows, tokenizer=tok, source=source, weights=weights,
+                                                  max_completion_length=max_completion_length))
+                line.advance(1)
+        return log
+
     # -- what it holds ----------------------------------------------------------------------------
     @property
     def path(self) -> str:
@@ -147,7 +216,7 @@ class RolloutLog:
         if len(steps) < 3:
             return []
         gaps = [b - a for a, b in itertools.pairwise(steps)]
-        stride = max(set(gaps), key=gaps.count)
+        stride = max(set(gaps), key=lambda g: (gaps.count(g), g))  # a tie: the longer (TRL's last step is off-stride)
         return sorted(set(range(steps[0], steps[-1] + 1, stride)) - set(steps))
 
     def parts(self) -> pd.DataFrame:
@@ -370,6 +439,33 @@ class RolloutLog:
         from ._views import log_html
 
         return log_html(self)
+
+
+def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, dataset: pd.DataFrame | None, dataset_prompt: str,
+                  max_completion_length: int | None) -> list[str]:
+    """What an import says it could not know, in the log's notes."""
+    from ._text_rows import join_dataset
+
+    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    faithful = sum(len(s.completions) for s in steps if s.completion_ids is not None)
+    total = sum(len(s.completions) for s in steps)
+    notes = [f"token ids: {total - faithful} of {total} rows re-tokenized from text with {name} (no logprobs; "
+             "column 'retokenized')" + (f"; {faithful} rows kept the completion_ids the run logged" if faithful else "")]
+    if dataset is not None:
+        matched = sum(join_dataset(s.prompts, dataset, on=dataset_prompt)[1] for s in steps)
+        notes.append(f"dataset joined on {dataset_prompt!r}: {matched} of {total} rows matched a dataset row "
+                     "(by the prompt's last user message)")
+    else:
+        notes.append("no dataset joined: columns the run did not log (the answer) are absent; pass dataset=")
+    notes.append(f"finish reasons: 'length' where a completion has >= {max_completion_length} tokens, else 'unknown'"
+                 if max_completion_length is not None else
+                 "finish reasons: 'unknown' (the log does not say which completions were cut; pass max_completion_length=)")
+    logged = sorted(s.step for s in steps)
+    gaps = [b - a for a, b in itertools.pairwise(logged)]
+    if gaps and max(gaps) > 1:
+        notes.append(f"steps logged: {len(logged)} ({logged[0]}..{logged[-1]}); the run logged one step in "
+                     f"{max(set(gaps), key=lambda g: (gaps.count(g), g))}: the others are missing, not interpolated")
+    return notes
 
 
 def _step_set(steps: Steps) -> set[int] | None:

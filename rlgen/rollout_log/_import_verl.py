@@ -1,0 +1,81 @@
+"""verl's rollout dumps (`trainer.rollout_data_dir`), read as a rollout log's steps.
+
+Owns: finding the files (`<rollout_data_dir>/{step}.jsonl`, written by verl 0.9's
+`RayPPOTrainer._write_generations`), checking each line is the layout this version knows (keys
+`input`, `output`, `gts`, `score`, `step`, then the reward manager's extra fields, e.g. `acc`,
+`pred`, `request_id`; a file of another layout is refused, saying which keys were expected), and
+making each step's rows: the decoded prompt and response texts, `score` as the logged reward
+(named `score`), `gts` as the `ground_truth` column (what a verl-style reward reads again), the
+extra fields kept as columns. Knows nothing about tokenizers or parts: `_text_rows` makes results.
+
+What verl's files do not say: token ids and logprobs (the texts were decoded with
+`skip_special_tokens=True`, so the chat template's special tokens are gone from `input`: the rows
+are re-tokenized from text), the finish reasons, the data source, and which rows were one GRPO
+group (rows with the same `input` in a step are taken as one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from ..core._errors import LogError
+from ._text_rows import TextStep
+
+__all__ = ["VERL_LAYOUT", "read_verl"]
+
+VERL_LAYOUT = "verl 0.9 rollout_data_dir ({step}.jsonl lines with input, output, gts, score, step)"
+_FILE = re.compile(r"^(\d+)\.jsonl$")
+_REQUIRED = ("input", "output", "gts", "score", "step")
+
+
+def _files(folder: str) -> list[tuple[int, str]]:
+    if not os.path.isdir(folder):
+        raise LogError(f"{folder} does not exist: give verl's trainer.rollout_data_dir", path=folder)
+    found = sorted((int(m.group(1)), os.path.join(folder, f)) for f in os.listdir(folder) if (m := _FILE.match(f)))
+    if not found:
+        raise LogError(f"{folder} holds no {{step}}.jsonl files: is it a verl run's trainer.rollout_data_dir? "
+                       f"(expected the layout of {VERL_LAYOUT})", path=folder)
+    return found
+
+
+def _lines(path: str) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for k, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise LogError(f"{path} line {k} is not JSON ({err}); a file cut short by a crash ends mid-line",
+                               path=path) from err
+            missing = [key for key in _REQUIRED if key not in row]
+            if missing:
+                raise LogError(f"{path} line {k} is not in the layout this rlgen reads ({VERL_LAYOUT}): it lacks "
+                               f"{missing}; its keys are {sorted(row)}", path=path)
+            rows.append(row)
+    return rows
+
+
+def read_verl(folder: str | os.PathLike[str]) -> tuple[list[TextStep], list[str]]:
+    """Every dumped step of a verl run, and what the import should say.
+
+    Raises:
+        LogError: no files, or a line in a layout this version does not know.
+    """
+    steps = []
+    for step, path in _files(os.fspath(folder)):
+        rows = _lines(path)
+        extra_keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in _REQUIRED]
+        extra: dict[str, list[Any]] = {k: [r.get(k) for r in rows] for k in extra_keys}
+        extra["ground_truth"] = [r["gts"] for r in rows]
+        steps.append(TextStep(step=step, prompts=[str(r["input"]) for r in rows],
+                              completions=[str(r["output"]) for r in rows],
+                              rewards={"score": [float("nan") if r["score"] is None else float(r["score"]) for r in rows]},
+                              extra=extra))
+    notes = [f"imported from verl's rollout_data_dir ({VERL_LAYOUT}); the reward is verl's 'score' "
+             "(token_level_scores summed); rows with one input in a step are taken as one prompt group"]
+    return steps, notes
