@@ -5,9 +5,9 @@ columns, an advantage, extra columns, and token ids where the framework logged t
 `text_result`, which makes it a `Rollouts`: prompts and completions tokenized with the tokenizer
 the user named (unless ids were logged), every row marked `retokenized` where its ids were made
 from text (no logprobs; nothing downstream claims token faithfulness for it), prompt groups by
-prompt text in order of first appearance, finish reasons as far as they can be known (a logged
-length at or above `max_completion_length` says "length"; otherwise "unknown", never a guess of
-"stop"), the logged rewards as the reward columns `add_rewards` writes (`reward_<name>`, its
+prompt text in order of first appearance, finish reasons as far as they can be known (logged
+ids ending with EOS say "stop"; a length at or above `max_completion_length` says "length";
+otherwise "unknown", never a guess of "stop"), the logged rewards as the reward columns `add_rewards` writes (`reward_<name>`, its
 status, the weighted `reward`, the group columns) with the logged advantage kept as it was, and the
 user's dataset joined on the prompt (`join_dataset`). Knows nothing about any framework's files:
 `_import_trl` and `_import_verl` read those.
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core._columns import CLIENT_COLUMNS, COLUMNS, EPISODE_COLUMNS, GROUP_COLUMNS, LOG_COLUMNS
 from ..rewards._group_stats import group_arrays
 from ..rollouts._build import rollouts_from_responses
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from ..rollouts._rollouts import Rollouts
 
 __all__ = ["TextStep", "join_dataset", "prompt_text", "text_result"]
+
+_OWN = frozenset((*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS, *LOG_COLUMNS))
 
 
 @dataclass
@@ -62,6 +65,15 @@ def _prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
 
 
+def _rendered(tokenizer: Any, prompt: Any) -> str:
+    """The prompt as the model saw it: chat messages through the chat template (as rlgen's own
+    chat rows hold it), a text as it is."""
+    if isinstance(prompt, str):
+        return prompt
+    text = tokenizer.apply_chat_template([dict(m) for m in prompt], tokenize=False, add_generation_prompt=True)
+    return str(text)
+
+
 def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping[str, float] | None = None,
                 max_completion_length: int | None = None) -> Rollouts:
     """The step's rows as a Rollouts (see the module docstring); `source` names the framework."""
@@ -74,19 +86,37 @@ def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping
     ids: list[list[int]] = (rows.completion_ids if rows.completion_ids is not None
                             else [list(tokenizer.encode(c, add_special_tokens=False)) for c in rows.completions])
     prompt_ids = {t: _prompt_ids(tokenizer, p) for t, p in zip(texts, rows.prompts)}
-    finish = ["length" if max_completion_length is not None and len(i) >= max_completion_length else "unknown"
-              for i in ids]
+    rendered = {t: _rendered(tokenizer, p) for t, p in zip(texts, rows.prompts)}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    finish = [_finish(i, faithful=faithful, eos=eos, limit=max_completion_length) for i in ids]
     entries = [{"text": c, "output_ids": i, "meta_info": {"id": f"{source}-{rows.step}-{k}", "completion_tokens": len(i),
                                                           "finish_reason": {"type": f, "matched": None}}}
                for k, (c, i, f) in enumerate(zip(rows.completions, ids, finish))]
-    extra: dict[str, list[Any]] = {name: _plain(values) for name, values in rows.extra.items()}
+    # A logged column named as one of rlgen's own (TRL's log_extra "completion_tokens", say) is kept
+    # as "logged_<name>": rlgen's column says what rlgen knows, the logged one what the run said.
+    extra: dict[str, list[Any]] = {(f"logged_{name}" if name in _OWN else name): _plain(values)
+                                   for name, values in rows.extra.items()}
+    chats = [p if not isinstance(p, str) else None for p in rows.prompts]
+    if any(c is not None for c in chats):
+        extra["prompt_messages"] = chats
     extra.update(_reward_columns(rows, group, weights or {}))
     extra["retokenized"] = [not faithful] * n
-    res = rollouts_from_responses(entries, prompt_ids=[prompt_ids[t] for t in texts], prompt_texts=texts, n=1,
+    res = rollouts_from_responses(entries, prompt_ids=[prompt_ids[t] for t in texts],
+                                  prompt_texts=[rendered[t] for t in texts], n=1,
                                   pad_token_id=int(getattr(tokenizer, "pad_token_id", None) or 0), extra=extra,
                                   model=str(getattr(tokenizer, "name_or_path", "")), decode=None)
     res.df = res.df.assign(prompt_index=np.asarray(group, dtype=np.int64), sample_index=np.asarray(sample, dtype=np.int64))
     return res
+
+
+def _finish(ids: list[int], *, faithful: bool, eos: int | None, limit: int | None) -> str:
+    """What can be known of how a sample ended: "stop" where the logged (sampled) ids end with EOS;
+    "length" where they reach `limit`; else "unknown" (re-tokenized text has no EOS to see)."""
+    if faithful and eos is not None and ids and ids[-1] == eos:
+        return "stop"
+    if limit is not None and len(ids) >= limit:
+        return "length"
+    return "unknown"
 
 
 def _plain(values: list[Any]) -> list[Any]:

@@ -61,7 +61,7 @@ def check_versions():
 
     found = {name: md.version(name) for name in PINS}
     print("versions:", json.dumps(found), "python", sys.version.split()[0], flush=True)
-    bad = {n: (v, PINS[n]) for n, v in found.items() if not v.split("+")[0] == PINS[n]}
+    bad = {n: (v, PINS[n]) for n, v in found.items() if v.split("+")[0] != PINS[n]}
     if bad:
         sys.exit(f"version pins not met (found, wanted): {bad}")
     return found

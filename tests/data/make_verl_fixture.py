@@ -45,6 +45,7 @@ import textwrap
 import time
 import uuid
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -77,8 +78,8 @@ def verl_source(wheel):
         trainer = z.read("verl/trainer/ppo/ray_trainer.py").decode()
         math_dapo = z.read("verl/utils/reward_score/math_dapo.py").decode()
         meta = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
-        version = next(l.split(":", 1)[1].strip() for l in z.read(meta[0]).decode().splitlines()
-                       if l.startswith("Version:"))
+        version = next(line.split(":", 1)[1].strip() for line in z.read(meta[0]).decode().splitlines()
+                       if line.startswith("Version:"))
     if version != VERL_VERSION:
         sys.exit(f"wheel is verl {version}, wanted {VERL_VERSION}")
     tree = ast.parse(trainer)
@@ -151,7 +152,7 @@ def main():
     version, sources, decorators, math_dapo_src = verl_source(args.wheel)
     math_dapo = {"__name__": "verl_math_dapo"}
     exec(compile(math_dapo_src, f"<verl {VERL_VERSION} verl/utils/reward_score/math_dapo.py>", "exec"), math_dapo)
-    wheel_sha = hashlib.sha256(open(args.wheel, "rb").read()).hexdigest()
+    wheel_sha = hashlib.sha256(Path(args.wheel).read_bytes()).hexdigest()
     print(json.dumps({"verl": version, "wheel_sha256": wheel_sha, "torch": torch.__version__,
                       "transformers": transformers.__version__, "numpy": np.__version__}), flush=True)
 
