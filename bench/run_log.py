@@ -11,14 +11,14 @@ logprobs; SGLang's meta_info; an `answer` column; scored by `add_rewards` (inlin
 group statistics, `advantage`). Then three phases, the timed ones as one untimed warm-up of every
 scenario followed by rounds that run every scenario once in a fresh shuffled order:
 
-Opening the log and drawing the trend (`--repeats` rounds, default 11):
+Opening the log and drawing the trend (`--repeats` rounds, default 9):
 
     trend_cold    a NEW `rlgen.RolloutLog(path)` (nothing cached), `log.trend()`, then
                   `log.plot.trend()` rendered to PNG (`fig.savefig` into a BytesIO)
     trend_warm    the same calls on one log object opened before (its columns cached)
 
 Re-scoring the whole log against scoring the same rows in memory, with a cheap function
-`cheap(completion, answer)` (`--rescore-repeats` rounds, default 7), for mode M = "process" (the
+`cheap(completion, answer)` (`--rescore-repeats` rounds, default 5), for mode M = "process" (the
 default; workers warmed by an untimed call before every run) and "inline":
 
     rescore_M     `log.rescore(cheap, version=<a fresh name each run>, mode=M, progress=False)`:
@@ -39,7 +39,7 @@ and its PNG non-empty; every re-score must have scored every part (the warm-up's
 back and compared row for row) and every in-memory score must equal `cheap`'s value row for row.
 A wrong run MISSes its target whatever its time.
 
-After the rounds, an untimed breakdown (`--breakdown-repeats` runs, default 3) times the stages
+After the rounds, an untimed breakdown (`--breakdown-repeats` passes, default 2) times the stages
 of `trend_cold` (listing, footers, column reads, the trend table, the figure, the PNG) and of a
 re-score (reading and concatenating the parts, preparing the rows, scoring, serialising and
 writing the version files, with and without fsync) by calling the same internals in the same
@@ -187,8 +187,7 @@ class Builder:
                 out.append({"text": " ".join(self.words[w] for w in words), "output_ids": ids, "meta_info": meta})
         return out, picked
 
-    def rollouts(self, step: int, *, logprobs: bool) -> Rollouts:
-        entries, picked = self.entries(step, logprobs=logprobs)
+    def rollouts(self, entries: list[dict[str, Any]], picked: list[int]) -> Rollouts:
         return rollouts_from_responses(
             entries, prompt_ids=[self.pool[p][1] for p in picked], prompt_texts=[self.pool[p][0] for p in picked],
             n=self.samples, pad_token_id=0, model="synthetic/bench-run-log",
@@ -196,8 +195,11 @@ class Builder:
             extra={"answer": [str(self.pool[p][2]) for p in picked for _ in range(self.samples)]})
 
     def step(self, step: int) -> Step:
-        logged = self.rollouts(step, logprobs=True).add_rewards(correct, mode="inline", progress=False)
-        plain = self.rollouts(step, logprobs=False)
+        entries, picked = self.entries(step, logprobs=True)
+        logged = self.rollouts(entries, picked).add_rewards(correct, mode="inline", progress=False)
+        bare = [{**e, "meta_info": {k: v for k, v in e["meta_info"].items() if k != "output_token_logprobs"}}
+                for e in entries]
+        plain = self.rollouts(bare, picked)
         written = [c for c in logged.df.columns if c not in plain.df.columns]
         return Step(logged, plain.with_columns({c: logged.df[c].to_numpy() for c in written}))
 
@@ -823,9 +825,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300, help="steps in the log, one part each (default 300)")
     ap.add_argument("--prompts", type=int, default=42, help="prompts a step (default 42)")
     ap.add_argument("--samples", type=int, default=8, help="samples a prompt (default 8)")
-    ap.add_argument("--repeats", type=int, default=11, help="timed rounds of the trend scenarios (default 11)")
-    ap.add_argument("--rescore-repeats", type=int, default=7, help="timed rounds of the re-score scenarios (default 7)")
-    ap.add_argument("--breakdown-repeats", type=int, default=3, help="passes of each breakdown (default 3)")
+    ap.add_argument("--repeats", type=int, default=9, help="timed rounds of the trend scenarios (default 9)")
+    ap.add_argument("--rescore-repeats", type=int, default=5, help="timed rounds of the re-score scenarios (default 5)")
+    ap.add_argument("--breakdown-repeats", type=int, default=2, help="passes of each breakdown (default 2)")
     ap.add_argument("--phases", default="trend,rescore,breakdown", help="comma-separated subset of "
                     "trend,rescore,breakdown (the build and the sizes always run)")
     ap.add_argument("--dir", default=None, help="where to build the log (default: a new temporary folder)")

@@ -320,34 +320,54 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
 
 
 # ---------------------------------------------------------------------------------------------
-# bench/run_log.py: a smoke run (a log of 6 steps, one round of every scenario, the breakdowns, the sizes)
+# bench/run_log.py: smoke runs on a log of 6 steps (one round of every scenario, the sizes; the
+# breakdowns and the trend's PNGs only in the slow one: matplotlib takes ~1 s a PNG here), and the
+# report of the kept full run again
 
 
-@pytest.mark.timeout(120)
-def test_run_log_bench_quick_run_times_checks_and_sizes_every_scenario(tmp_path: Path) -> None:
+def _run_log(tmp_path: Path, *extra: str) -> tuple[dict, str]:
     import json
     import subprocess
 
     script = Path(__file__).resolve().parents[1] / "bench" / "run_log.py"
     out = tmp_path / "run_log.json"
-    done = subprocess.run([sys.executable, str(script), "--quick", "--dir", str(tmp_path), "--out", str(out)],
+    done = subprocess.run([sys.executable, str(script), "--quick", "--dir", str(tmp_path), "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["complete"] and data["log"]["rows"] == 6 * 4 * 4 and data["log"]["parts"] == 6
-    for phase, names in (("trend", ["trend_cold", "trend_warm"]),
-                         ("rescore", ["rescore_process", "in_memory_process", "rescore_inline", "in_memory_inline"])):
-        per = data["phases"][phase]
-        assert list(per) == names
-        for name in names:
-            assert per[name]["warmup"]["wrong"] is None and len(per[name]["runs"]) == 1
-            assert per[name]["runs"][0]["wrong"] is None and per[name]["runs"][0]["seconds"] > 0
-    assert [t["verdict"] for t in data["targets"]] == ["n/a"] * 3  # one run a side: no interval to judge on
+    assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
+    per_row = data["sizes"]["per_row"]
+    assert per_row["parts"] > per_row["parts_without_logprobs"] > per_row["trl"] > 0
+    assert "Bytes per row" in done.stdout and "Targets" in done.stdout
+    assert list(tmp_path.iterdir()) == [out]  # the built log removed
+    return data, done.stdout
+
+
+def _one_round_each(per: dict, names: list[str]) -> None:
+    assert list(per) == names
+    for name in names:
+        assert per[name]["warmup"]["wrong"] is None and len(per[name]["runs"]) == 1
+        assert per[name]["runs"][0]["wrong"] is None and per[name]["runs"][0]["seconds"] > 0
+
+
+RESCORED = ["rescore_process", "in_memory_process", "rescore_inline", "in_memory_inline"]
+
+
+@pytest.mark.timeout(60)
+def test_run_log_bench_quick_rescore_checks_every_scenario_and_sizes_the_parts(tmp_path: Path) -> None:
+    data, _ = _run_log(tmp_path, "--phases", "rescore")
+    _one_round_each(data["phases"]["rescore"], RESCORED)
+    assert [t["verdict"] for t in data["targets"]] == ["n/a"] * 2  # one run a side: no interval to judge on
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_run_log_bench_quick_run_times_checks_breaks_down_and_sizes_every_scenario(tmp_path: Path) -> None:
+    data, _ = _run_log(tmp_path)
+    _one_round_each(data["phases"]["trend"], ["trend_cold", "trend_warm"])
+    _one_round_each(data["phases"]["rescore"], RESCORED)
+    assert [t["verdict"] for t in data["targets"]] == ["n/a"] * 3
     stages = data["breakdown"]
     assert "plot: render PNG" in stages["trend_cold"][0] and "score (rewards_columns)" in stages["rescore_inline"][0]
     assert stages["version_files"]["files"] == 6
-    per_row = data["sizes"]["per_row"]
-    assert per_row["parts"] > per_row["parts_without_logprobs"] > per_row["trl"] > 0
-    assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
-    assert "Bytes per row" in done.stdout and "Targets" in done.stdout
-    assert list(tmp_path.iterdir()) == [out]  # the built log removed
