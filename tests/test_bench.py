@@ -331,7 +331,7 @@ def _run_log(tmp_path: Path, *extra: str) -> tuple[dict, str]:
 
     script = Path(__file__).resolve().parents[1] / "bench" / "run_log.py"
     out = tmp_path / "run_log.json"
-    done = subprocess.run([sys.executable, str(script), "--quick", "--dir", str(tmp_path), "--out", str(out), *extra],
+    done = subprocess.run([sys.executable, str(script), "--quick", "--dir", str(tmp_path), *extra, "--out", str(out)],
                           capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
