@@ -371,3 +371,22 @@ def test_run_log_bench_quick_run_times_checks_breaks_down_and_sizes_every_scenar
     stages = data["breakdown"]
     assert "plot: render PNG" in stages["trend_cold"][0] and "score (rewards_columns)" in stages["rescore_inline"][0]
     assert stages["version_files"]["files"] == 6
+
+
+def test_run_log_bench_reports_the_kept_run_again_with_its_verdicts(tmp_path: Path, capsys) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "run_log.py"
+    spec = importlib.util.spec_from_file_location("bench_run_log", path)
+    assert spec is not None and spec.loader is not None
+    run_log = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = run_log  # its dataclasses look their module up there
+    spec.loader.exec_module(run_log)
+    saved = Path(__file__).resolve().parents[1] / "docs/bench-cpu/run_log-2026-12-03.json"
+    record = C.Record.load(str(saved), out=str(tmp_path / "again.json"))
+    run_log.report(record)
+    assert [(t["verdict"], t["how"]) for t in record["targets"]] == [
+        ("MISS", "interval straddles the bound"), ("MISS", "whole interval beyond"), ("MISS", "whole interval beyond")]
+    assert record["targets"][0]["value"] == pytest.approx(2.112, abs=1e-3)
+    out = capsys.readouterr().out
+    assert "Where trend_cold's time goes" in out and "4.17x" in out
