@@ -317,3 +317,76 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     assert all(t["interval"] is not None for t in data["targets"])  # three repeats: intervals to judge on
     assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
     assert "targets" in done.stdout and "episodes / one generate" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# bench/run_log.py: smoke runs on a log of 6 steps (one round of every scenario, the sizes; the
+# breakdowns and the trend's PNGs only in the slow one: matplotlib takes ~1 s a PNG here), and the
+# report of the kept full run again
+
+
+def _run_log(tmp_path: Path, *extra: str) -> tuple[dict, str]:
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "run_log.py"
+    out = tmp_path / "run_log.json"
+    done = subprocess.run([sys.executable, str(script), "--quick", "--dir", str(tmp_path), *extra, "--out", str(out)],
+                          capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["complete"] and data["log"]["rows"] == 6 * 4 * 4 and data["log"]["parts"] == 6
+    assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
+    per_row = data["sizes"]["per_row"]
+    assert per_row["parts"] > per_row["parts_without_logprobs"] > per_row["trl"] > 0
+    assert "Bytes per row" in done.stdout and "Targets" in done.stdout
+    assert list(tmp_path.iterdir()) == [out]  # the built log removed
+    return data, done.stdout
+
+
+def _one_round_each(per: dict, names: list[str]) -> None:
+    assert list(per) == names
+    for name in names:
+        assert per[name]["warmup"]["wrong"] is None and len(per[name]["runs"]) == 1
+        assert per[name]["runs"][0]["wrong"] is None and per[name]["runs"][0]["seconds"] > 0
+
+
+RESCORED = ["rescore_process", "in_memory_process", "rescore_inline", "in_memory_inline"]
+
+
+@pytest.mark.timeout(60)
+def test_run_log_bench_quick_rescore_checks_every_scenario_and_sizes_the_parts(tmp_path: Path) -> None:
+    data, _ = _run_log(tmp_path, "--phases", "rescore")
+    _one_round_each(data["phases"]["rescore"], RESCORED)
+    assert [t["verdict"] for t in data["targets"]] == ["n/a"] * 2  # one run a side: no interval to judge on
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_run_log_bench_quick_run_times_checks_breaks_down_and_sizes_every_scenario(tmp_path: Path) -> None:
+    data, _ = _run_log(tmp_path)
+    _one_round_each(data["phases"]["trend"], ["trend_cold", "trend_warm"])
+    _one_round_each(data["phases"]["rescore"], RESCORED)
+    assert [t["verdict"] for t in data["targets"]] == ["n/a"] * 3
+    stages = data["breakdown"]
+    assert "plot: render PNG" in stages["trend_cold"][0] and "score (rewards_columns)" in stages["rescore_inline"][0]
+    assert stages["version_files"]["files"] == 6
+
+
+def test_run_log_bench_reports_the_kept_run_again_with_its_verdicts(tmp_path: Path, capsys) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "run_log.py"
+    spec = importlib.util.spec_from_file_location("bench_run_log", path)
+    assert spec is not None and spec.loader is not None
+    run_log = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = run_log  # its dataclasses look their module up there
+    spec.loader.exec_module(run_log)
+    saved = Path(__file__).resolve().parents[1] / "docs/bench-cpu/run_log-2026-12-03.json"
+    record = C.Record.load(str(saved), out=str(tmp_path / "again.json"))
+    run_log.report(record)
+    assert [(t["verdict"], t["how"]) for t in record["targets"]] == [
+        ("MISS", "interval straddles the bound"), ("MISS", "whole interval beyond"), ("MISS", "whole interval beyond")]
+    assert record["targets"][0]["value"] == pytest.approx(2.112, abs=1e-3)
+    out = capsys.readouterr().out
+    assert "Where trend_cold's time goes" in out and "4.17x" in out
