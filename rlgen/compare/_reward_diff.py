@@ -461,14 +461,17 @@ def _top_rows_html(top: pd.DataFrame, names: tuple[str, str]) -> str:
     la, lb = names
     texts = [c for c in ("prompt", "completion") if c in top.columns]
     limits = {"prompt": _CLIP_PROMPT, "completion": _CLIP_COMPLETION}
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["step", "part", "row", la, lb, "delta", *texts])
+    # Step and row, not the part's file name (in `changed`); an empty text says so rather than
+    # showing a blank cell (a policy that learned to say nothing is what a diff should show).
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["step", "row", la, lb, "delta", *texts])
     body = []
     for r in top.to_dict("records"):
-        cells = [html.escape(str(r[c])) for c in ("step", "part", "row")]
+        cells = [html.escape(str(r[c])) for c in ("step", "row")]
         cells += [_num(r[la]), _num(r[lb]), _num(r["delta"], signed=True)]
-        cells += [html.escape(clip_text(r[c], limits[c])) for c in texts]
-        body.append("<tr>" + "".join(f"<td class='rlgen-num'>{c}</td>" for c in cells[:6])
-                    + "".join(f"<td>{c}</td>" for c in cells[6:]) + "</tr>")
+        cells += [html.escape(clip_text(r[c], limits[c])) if str(r[c] or "").strip()
+                  else "<i style='color:#888'>(empty)</i>" for c in texts]
+        body.append("<tr>" + "".join(f"<td class='rlgen-num'>{c}</td>" for c in cells[:5])
+                    + "".join(f"<td>{c}</td>" for c in cells[5:]) + "</tr>")
     return (f"<div style='margin-top:6px'>largest changes (top {len(top)})</div>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 

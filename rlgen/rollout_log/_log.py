@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
 import json
 import os
 from collections.abc import Sequence
@@ -71,8 +72,11 @@ class RolloutLog:
     Every read lists the parts again, so a log another process is writing shows its new steps.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
-        """Open the log at `path` (a folder, or an fsspec URL with `storage_options`).
+    def __init__(self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                 tokenizer: Any = None) -> None:
+        """Open the log at `path` (a folder, or an fsspec URL with `storage_options`). `tokenizer`
+        (an object, or a local path or name): for the token text of the results it loads, where
+        the one the parts name is not on this machine (a log recorded elsewhere).
 
         Raises:
             LogError: nothing is there (create one with `RolloutLog.create`), or the folder is not a log.
@@ -91,6 +95,7 @@ class RolloutLog:
         self._store = store
         self._info: dict[str, Any] = info
         self._cache = LightCache()
+        self._tokenizer = tokenizer
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, exist_ok: bool = False,
@@ -211,13 +216,10 @@ class RolloutLog:
 
     def missing_steps(self) -> list[int]:
         """Steps absent from the log's stride (TRL logs every `logging_steps`-th step): between the
-        first and last step, at the commonest gap between logged steps. Nothing is interpolated."""
+        first and last step, at the stride of the logged steps (see `_stride`). Nothing is interpolated."""
         steps = self.steps
-        if len(steps) < 3:
-            return []
-        gaps = [b - a for a, b in itertools.pairwise(steps)]
-        stride = max(set(gaps), key=lambda g: (gaps.count(g), g))  # a tie: the longer (TRL's last step is off-stride)
-        return sorted(set(range(steps[0], steps[-1] + 1, stride)) - set(steps))
+        stride = _stride(steps)
+        return [] if stride is None else sorted(set(range(steps[0], steps[-1] + 1, stride)) - set(steps))
 
     def parts(self) -> pd.DataFrame:
         """One row per part: step, name, rows, file."""
@@ -270,7 +272,7 @@ class RolloutLog:
     def load(self, steps: Steps = None, *, name: str | None = None, tokenizer: Any = None) -> Rollouts:
         """The rows of `steps` (a step, a range, a list; None: all) as one result, with tensors and
         views: a `Rollouts`, or `Episodes` for a log of episodes. `name`: only parts of that name;
-        `tokenizer`: for the token text of the views (default: the one each part names).
+        `tokenizer`: for the token text of the views (default: the log's, else the one each part names).
 
         Raises:
             LogError: no part matches, or a part cannot be read (its file named).
@@ -279,7 +281,7 @@ class RolloutLog:
         if not parts:
             raise LogError(f"no part of this log is at steps {steps!r}" + (f" named {name!r}" if name else "")
                            + f"; its steps: {_span(self.steps)}", path=self.path)
-        results = read_full(self._store, parts, Rollouts, tokenizer=tokenizer)
+        results = read_full(self._store, parts, Rollouts, tokenizer=tokenizer if tokenizer is not None else self._tokenizer)
         return results[0] if len(results) == 1 else type(results[0]).concat(results)
 
     def load_rows(self, rows: pd.DataFrame) -> Rollouts:
@@ -295,7 +297,7 @@ class RolloutLog:
         if unknown:
             raise LogError(f"rows name parts this log does not have: {unknown[:3]}", path=self.path)
         files = list(dict.fromkeys(rows["part"]))
-        loaded = dict(zip(files, read_full(self._store, [by_file[f] for f in files], Rollouts)))
+        loaded = dict(zip(files, read_full(self._store, [by_file[f] for f in files], Rollouts, tokenizer=self._tokenizer)))
         picked = [loaded[f][[int(r)]] for f, r in zip(rows["part"], rows["row"])]
         res = picked[0] if len(picked) == 1 else type(picked[0]).concat(picked, renumber=True)
         extra = [c for c in rows.columns if c not in res.df.columns and c not in ("part", "row")]
@@ -384,8 +386,11 @@ class RolloutLog:
             if not names:
                 raise LogError("this log has no re-scored version yet: log.rescore(fn, version='strict') first")
             b = names[-1]
-        light = ["step", "prompt_index", "prompt_key", "prompt", "completion", "finish_reason", "completion_tokens"]
+        light = ["step", "prompt_index", "prompt_key", "prompt", "completion", "finish_reason", "completion_tokens",
+                 "prompt_messages"]
         rows = self.rows(steps=steps, columns=light)
+        if "prompt_messages" in rows.columns:  # a chat's last user message reads better than its template
+            rows["prompt"] = [_last_user(m, p) for m, p in zip(rows.pop("prompt_messages"), rows["prompt"])]
         scores = [self.rewards(v, steps=steps).loc[:, lambda d: [c for c in d.columns if c not in ("part", "row", "step")]]
                   for v in (a, b)]
         return reward_diff(rows, scores[0].set_axis(rows.index), scores[1].set_axis(rows.index), names=(a, b),
@@ -400,8 +405,10 @@ class RolloutLog:
         with zero variance (no GRPO gradient). Reads four light columns, whatever the log's size."""
         from ._views import trend_table
 
-        rows = self.rows(steps=steps, columns=["step", "prompt_index", "completion_tokens", "finish_reason"])
-        scores = self.rewards(version, steps=steps) if version != LOGGED else self.rows(steps=steps, columns=[reward])
+        light = ["step", "prompt_index", "completion_tokens", "finish_reason"]
+        # The logged reward is a column of the parts: one read of five columns (bench/run_log.py).
+        rows = self.rows(steps=steps, columns=[*light, reward] if version == LOGGED else light)
+        scores = rows if version == LOGGED else self.rewards(version, steps=steps)
         if reward not in scores.columns:
             raise LogError(f"version {version!r} has no column {reward!r}; its columns: {list(scores.columns)}")
         return trend_table(rows, scores[reward].to_numpy(dtype=float), threshold=threshold)
@@ -461,11 +468,31 @@ def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, dataset: pd.Data
                  if max_completion_length is not None else
                  "finish reasons: 'unknown' (the log does not say which completions were cut; pass max_completion_length=)")
     logged = sorted(s.step for s in steps)
-    gaps = [b - a for a, b in itertools.pairwise(logged)]
-    if gaps and max(gaps) > 1:
+    stride = _stride(logged)
+    if stride is not None and stride > 1:
         notes.append(f"steps logged: {len(logged)} ({logged[0]}..{logged[-1]}); the run logged one step in "
-                     f"{max(set(gaps), key=lambda g: (gaps.count(g), g))}: the others are missing, not interpolated")
+                     f"{stride}: the others are missing, not interpolated")
     return notes
+
+
+def _stride(steps: Sequence[int]) -> int | None:
+    """The logging stride of sorted steps: the greatest common divisor of the gaps between them,
+    the last gap left out where there are others (a trainer logs its last step whether or not it
+    is on the stride: TRL's 10, 20, 25 is a stride of 10). None below three steps."""
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    if len(gaps) < 2:
+        return None
+    return math.gcd(*gaps[:-1])
+
+
+def _last_user(messages: Any, prompt: str) -> str:
+    """A chat row's last user message (parts keep the messages as JSON text); the prompt otherwise."""
+    try:
+        chat = json.loads(messages) if isinstance(messages, str) else messages
+        users = [m for m in chat if m.get("role") == "user"]
+        return str(users[-1]["content"]) if users else prompt
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return prompt
 
 
 def _step_set(steps: Steps) -> set[int] | None:
