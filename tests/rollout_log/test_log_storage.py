@@ -110,3 +110,15 @@ def test_a_log_at_an_s3_url_is_written_read_by_another_reader_and_rescored(s3: d
     assert log.rewards("inverse")["reward"].tolist() == [0, 1, 1, 1, 0, 0, 1, 0]
     with pytest.raises(rlgen.LogError, match="nothing is there"):
         rlgen.RolloutLog("s3://runs/missing", storage_options=s3)
+
+
+def test_a_second_writer_of_one_name_never_replaces_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlgen.rollout_log._store import open_store
+
+    store = open_store(tmp_path)
+    store.write_new(b"first", "parts", "a.parquet")
+    monkeypatch.setattr(store, "exists", lambda *names: False)  # the other writer checked before the first wrote
+    with pytest.raises(rlgen.LogError, match="never replaces"):
+        store.write_new(b"second", "parts", "a.parquet")
+    assert (tmp_path / "parts" / "a.parquet").read_bytes() == b"first"
+    assert sorted(os.listdir(tmp_path / "parts")) == ["a.parquet"]  # no temporary file left
