@@ -355,9 +355,7 @@ class RolloutLog:
         from ._rescore import rescore
 
         opts = resolve(RescoreOptions, options)
-        parts = self._parts(opts["steps"])
-        name, _ = rescore(self._store, parts, funcs, opts, cls=Rollouts,
-                          rows_of=lambda p: self._cache.num_rows(self._store, p.file))
+        name, _ = rescore(self._store, self._cache, self._parts(opts["steps"]), funcs, opts)
         return name
 
     def rewards(self, version: str = LOGGED, *, steps: Steps = None) -> pd.DataFrame:

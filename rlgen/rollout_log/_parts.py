@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core._errors import LogError
+from ..rollouts._parquet import JSON_COLUMNS
 from ._store import Store
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["PARTS", "LightCache", "PartName", "part_bytes", "prompt_keys", "read_full", "read_light"]
+__all__ = ["PARTS", "LightCache", "PartName", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light"]
 
 PARTS = "parts"  # the folder of parts under a log's root
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -172,9 +173,37 @@ def read_light(store: Store, cache: LightCache, parts: Sequence[PartName], colum
                              **{c: [] for c in (columns or [])}})
     table = pa.concat_tables([t for _, t in kept], promote_options="permissive")
     df = table.to_pandas()
+    for c in [c for c in JSON_COLUMNS if c in df.columns]:  # as Rollouts.df holds them (_parquet)
+        df[c] = pd.Series([json.loads(v) if isinstance(v, str) else v for v in df[c]], dtype=object, index=df.index)
     df.insert(0, "part", np.repeat([p.file for p, _ in kept], [t.num_rows for _, t in kept]))
     df.insert(1, "row", np.concatenate([np.arange(t.num_rows, dtype=np.int64) for _, t in kept]))
     return df
+
+
+def read_ids(store: Store, parts: Sequence[PartName], which: str) -> tuple[Any, Any]:
+    """The token ids of `parts` (in order), "prompt" or "response", as one flat array and row
+    offsets (ragged, `core._ragged`), reading that one column of each part.
+
+    Raises:
+        LogError: a part cannot be read.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values, lengths = [], []
+    for part in parts:
+        path = store.path(PARTS, part.file)
+        try:
+            column = pq.read_table(path, columns=[f"_rlgen_{which}_ids"], filesystem=store.arrow_filesystem()).column(0)
+        except (OSError, pa.ArrowException) as err:
+            raise LogError(f"rollout log part {path} cannot be read ({type(err).__name__}: {err})", path=path) from err
+        array = column.combine_chunks()
+        values.append(array.flatten().to_numpy(zero_copy_only=False))
+        lengths.append(np.diff(array.offsets.to_numpy()))
+    flat = np.concatenate(values) if values else np.array([], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [])]).astype(np.int64)
+    return flat, offsets
 
 
 def read_full(store: Store, parts: Iterable[PartName], cls: type[Rollouts], *, tokenizer: Any = None) -> list[Rollouts]:

@@ -29,6 +29,7 @@ from ._store import Store
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
 __all__ = ["LOGGED", "REWARDS", "claim_version", "lineage_of", "logged_columns", "read_version", "scored_parts",
            "version_names", "write_scores"]
@@ -112,13 +113,13 @@ def scored_parts(store: Store, name: str) -> set[str]:
     return {f for f in store.list(REWARDS, name) if PartName.parse(f) is not None}
 
 
-def write_scores(store: Store, name: str, part: PartName, columns: Mapping[str, Any], repeat: Sequence[int]) -> None:
-    """One part's scores under a version (rows in the part's order, repeat-major)."""
-    import pandas as pd
+def write_scores(store: Store, name: str, part: PartName, table: pa.Table) -> None:
+    """One part's scores under a version (a `repeat` column, then the scoring columns; rows in the
+    part's order, repeat-major)."""
+    import pyarrow.parquet as pq
 
-    df = pd.DataFrame({"repeat": list(repeat), **{k: list(v) for k, v in columns.items()}})
     buffer = io.BytesIO()
-    df.to_parquet(buffer, index=False)
+    pq.write_table(table, buffer)
     store.write_new(buffer.getvalue(), REWARDS, name, part.file)
 
 

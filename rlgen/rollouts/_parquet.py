@@ -24,12 +24,12 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["StoredRollouts", "read_parquet", "register_result_class", "result_class", "write_parquet"]
+__all__ = ["JSON_COLUMNS", "StoredRollouts", "read_parquet", "register_result_class", "result_class", "write_parquet"]
 
 _PARQUET_KEY = b"rlgen"
 _PARQUET_VERSION = 1
 # Columns stored as one JSON text per row (see write_parquet).
-_JSON_COLUMNS = ("matched_stop", "prompt_messages", "completion_messages")
+JSON_COLUMNS = ("matched_stop", "prompt_messages", "completion_messages")
 
 Ragged = tuple[np.ndarray, np.ndarray]  # flat values, row offsets (see core/_ragged.py)
 
@@ -90,7 +90,7 @@ def write_parquet(
         raise ValueError(f"column names starting with '_rlgen_' are reserved: {clash}")
     # matched_stop mixes token ids and stop strings, which parquet cannot hold in one column; chat
     # messages have keys that vary by role, which a struct column would fill with nulls on read.
-    as_json = [c for c in _JSON_COLUMNS if c in df]
+    as_json = [c for c in JSON_COLUMNS if c in df]
     df = df.assign(**{c: [json.dumps(m) for m in df[c]] for c in as_json})
     try:
         table = pa.Table.from_pandas(df, preserve_index=False)
