@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import math
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
