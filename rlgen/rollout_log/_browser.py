@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..rollouts._browser import RolloutBrowser
+from ..rollouts._browser import RolloutBrowser, widget_bundle
 
 if TYPE_CHECKING:
     from ..rollouts._rollouts import Rollouts
@@ -70,13 +70,7 @@ class LogBrowser:
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, Any]:
         """The widget where a widget manager runs, else the static HTML (as `RolloutBrowser`)."""
-        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self.html()}
-        widget = self.widget() if self.browser().use_widgets() else None
-        if widget is not None:
-            view = widget._repr_mimebundle_()
-            if view:
-                bundle.update({k: v for k, v in view.items() if k != "text/plain"})
-        return bundle
+        return widget_bundle(repr(self), self.html(), self.widget if self.browser().use_widgets() else None)
 
     def __repr__(self) -> str:
         return f"<LogBrowser step {self.step} of {len(self.steps)} logged steps>"

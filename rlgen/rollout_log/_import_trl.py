@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core._errors import LogError
-from ._text_rows import TextStep
+from ._text_rows import TextStep, numbered_files
 
 __all__ = ["TRL_LAYOUT", "read_trl"]
 
@@ -37,13 +37,9 @@ IDS_COLUMN = "completion_ids"
 def _files(folder: str) -> list[tuple[int, str]]:
     inner = os.path.join(folder, "completions")
     where = inner if os.path.isdir(inner) else folder
-    if not os.path.isdir(where):
-        raise LogError(f"{folder} does not exist: give TRL's output_dir (or its completions/ folder)", path=folder)
-    found = sorted((int(m.group(1)), os.path.join(where, f)) for f in os.listdir(where) if (m := _FILE.match(f)))
-    if not found:
-        raise LogError(f"{where} holds no completions_*.parquet: is it the output_dir of a TRL run with "
-                       f"log_completions=True? (expected the layout of {TRL_LAYOUT})", path=where)
-    return found
+    return numbered_files(where, _FILE, missing=f"{folder} does not exist: give TRL's output_dir (or its completions/ folder)",
+                          empty=f"{where} holds no completions_*.parquet: is it the output_dir of a TRL run with "
+                                f"log_completions=True? (expected the layout of {TRL_LAYOUT})")
 
 
 def _messages(value: Any) -> Any:

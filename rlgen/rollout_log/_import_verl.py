@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from ..core._errors import LogError
-from ._text_rows import TextStep
+from ._text_rows import TextStep, numbered_files
 
 __all__ = ["VERL_LAYOUT", "read_verl"]
 
@@ -32,13 +32,9 @@ _REQUIRED = ("input", "output", "gts", "score", "step")
 
 
 def _files(folder: str) -> list[tuple[int, str]]:
-    if not os.path.isdir(folder):
-        raise LogError(f"{folder} does not exist: give verl's trainer.rollout_data_dir", path=folder)
-    found = sorted((int(m.group(1)), os.path.join(folder, f)) for f in os.listdir(folder) if (m := _FILE.match(f)))
-    if not found:
-        raise LogError(f"{folder} holds no {{step}}.jsonl files: is it a verl run's trainer.rollout_data_dir? "
-                       f"(expected the layout of {VERL_LAYOUT})", path=folder)
-    return found
+    return numbered_files(folder, _FILE, missing=f"{folder} does not exist: give verl's trainer.rollout_data_dir",
+                          empty=f"{folder} holds no {{step}}.jsonl files: is it a verl run's trainer.rollout_data_dir? "
+                                f"(expected the layout of {VERL_LAYOUT})")
 
 
 def _lines(path: str) -> list[dict[str, Any]]:

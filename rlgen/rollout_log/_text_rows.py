@@ -9,13 +9,16 @@ prompt text in order of first appearance, finish reasons as far as they can be k
 ids ending with EOS say "stop"; a length at or above `max_completion_length` says "length";
 otherwise "unknown", never a guess of "stop"), the logged rewards as the reward columns `add_rewards` writes (`reward_<name>`, its
 status, the weighted `reward`, the group columns) with the logged advantage kept as it was, and the
-user's dataset joined on the prompt (`join_dataset`). Knows nothing about any framework's files:
-`_import_trl` and `_import_verl` read those.
+user's dataset joined on the prompt (`join_dataset`), and finding a framework's numbered files in a
+folder (`numbered_files`). Knows nothing about any framework's layout: `_import_trl` and
+`_import_verl` read those.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core._columns import CLIENT_COLUMNS, COLUMNS, EPISODE_COLUMNS, GROUP_COLUMNS, LOG_COLUMNS
+from ..core._errors import LogError
 from ..rewards._group_stats import group_arrays
 from ..rollouts._build import rollouts_from_responses
 
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["TextStep", "join_dataset", "prompt_text", "text_result"]
+__all__ = ["TextStep", "join_dataset", "numbered_files", "prompt_text", "text_result"]
 
 _OWN = frozenset((*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS, *LOG_COLUMNS))
 
@@ -47,6 +51,20 @@ class TextStep:
     advantage: list[float] | None = None  # the advantage the trainer logged, kept as it was
     completion_ids: list[list[int]] | None = None  # the sampled ids, where the framework logged them
     extra: dict[str, list[Any]] = field(default_factory=dict)  # other logged columns, kept
+
+
+def numbered_files(where: str, pattern: re.Pattern[str], *, missing: str, empty: str) -> list[tuple[int, str]]:
+    """The files in `where` whose names match `pattern` (its group 1: a step), by step.
+
+    Raises:
+        LogError: `where` is not a folder (`missing`), or holds no such file (`empty`).
+    """
+    if not os.path.isdir(where):
+        raise LogError(missing, path=where)
+    found = sorted((int(m.group(1)), os.path.join(where, f)) for f in os.listdir(where) if (m := pattern.match(f)))
+    if not found:
+        raise LogError(empty, path=where)
+    return found
 
 
 def prompt_text(prompt: Any) -> str:

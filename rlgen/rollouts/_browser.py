@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from ._token_html import LINE_STYLE, alternative_texts, completion_html, token_p
 if TYPE_CHECKING:
     from ._protocol import RolloutsView
 
-__all__ = ["RolloutBrowser", "interactive_frontend", "sample_html"]
+__all__ = ["RolloutBrowser", "interactive_frontend", "sample_html", "widget_bundle"]
 
 # The least likely tokens of the selected sample listed with their alternatives: at most this
 # many, and only tokens that were actually unlikely (p below _UNLIKELY_P).
@@ -153,13 +153,7 @@ class RolloutBrowser:
 
     def _repr_mimebundle_(self, **_: Any) -> dict[str, Any]:
         """The widget where a widget manager runs, else the static HTML (see `use_widgets`)."""
-        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self.html()}
-        widget = self.widget() if self.use_widgets() else None
-        if widget is not None:
-            view = widget._repr_mimebundle_()
-            if view:
-                bundle.update({k: v for k, v in view.items() if k != "text/plain"})
-        return bundle
+        return widget_bundle(repr(self), self.html(), self.widget if self.use_widgets() else None)
 
     def __repr__(self) -> str:
         what = "episodes" if self.episodes else "rows"
@@ -279,6 +273,18 @@ class RolloutBrowser:
         self._widget = w.VBox([w.HBox(controls, layout=wrap), w.HBox([previous, following, sample], layout=wrap), view],
                               layout=w.Layout(width="auto"))
         return self._widget
+
+
+def widget_bundle(text: str, page: str, widget: Callable[[], Any] | None) -> dict[str, Any]:
+    """A notebook output: the text, the static HTML, and the widget's view where `widget` makes one
+    (exporters prefer the widget's view, so it is left out where no widget manager runs)."""
+    bundle: dict[str, Any] = {"text/plain": text, "text/html": page}
+    made = widget() if widget is not None else None
+    if made is not None:
+        view = made._repr_mimebundle_()
+        if view:
+            bundle.update({k: v for k, v in view.items() if k != "text/plain"})
+    return bundle
 
 
 def interactive_frontend(environ: Mapping[str, str] | None = None, user_ns: Mapping[str, Any] | None = None) -> bool:

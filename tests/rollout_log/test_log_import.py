@@ -3,6 +3,7 @@ GRPOTrainer on CPU; verl 0.9.1's rollout writer taken from its wheel), and on fo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -15,17 +16,17 @@ import rlgen
 DATA = Path(__file__).resolve().parents[1] / "data"
 TRL = DATA / "trl-1.16.0-grpo"
 VERL = DATA / "verl-0.9.1" / "rollout_data"
-# The dataset of tests/data/make_trl_fixture.py (ROWS: system message or None, question, answer).
-QUESTIONS = [
-    (None, "What is 7 + 5? Answer with the number only.", "12"),
-    (None, "What is 9 * 3? Answer with the number only.", "27"),
-    (None, "What is the capital of France? Answer in one word.", "Paris"),
-    (None, "What is 15 - 8? Answer with the number only.", "7"),
-    (None, "Which planet is known as the Red Planet? Answer in one word.", "Mars"),
-    (None, "What is 6 * 7? Answer with the number only.", "42"),
-    ("You are a calculator. Reply with a number only.", "What is 100 / 4?", "25"),
-    ("You are a quiz player. Reply with one word.", "What color is the sky on a clear day?", "blue"),
-]
+
+
+def _fixture_rows() -> list[tuple[str | None, str, str]]:
+    """The dataset tests/data/make_trl_fixture.py trained on (its ROWS: system message or None,
+    question, answer), read from the script (it imports nothing beyond the standard library at
+    module level)."""
+    spec = importlib.util.spec_from_file_location("make_trl_fixture", DATA / "make_trl_fixture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.ROWS)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,9 @@ def tokenizer(model_path: str) -> str:
 
 
 def _dataset() -> pd.DataFrame:
-    chats = [([{"role": "system", "content": s}] if s else []) + [{"role": "user", "content": q}] for s, q, _ in QUESTIONS]
-    return pd.DataFrame({"prompt": chats, "answer": [a for _, _, a in QUESTIONS]})
+    rows = _fixture_rows()
+    chats = [([{"role": "system", "content": s}] if s else []) + [{"role": "user", "content": q}] for s, q, _ in rows]
+    return pd.DataFrame({"prompt": chats, "answer": [a for _, _, a in rows]})
 
 
 @pytest.mark.timeout(300)
