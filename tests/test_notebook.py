@@ -1,7 +1,7 @@
 """rlgen in a real Jupyter kernel (jupyter_client): the kernel's loop is running, "Interrupt kernel"
 sends SIGINT, and "kill" gives no chance to clean up. The tutorials themselves are executed by
 nbmake: `scripts/test.sh` (and so CI) runs `pytest tests notebooks --nbmake --nbmake-timeout=600`,
-which picks up every notebook in notebooks/ (01_quickstart to 07_lora_rl_step), each within 600 s and
+which picks up every notebook in notebooks/ (01_quickstart to 08_reward_across_a_run), each within 600 s and
 each failing on the first lesson `assert` that does not hold. On a 2-core CPU machine shared with
 other jobs, 06_multi_turn took about 2 minutes (three episode runs of 16-32 episodes).
 """
