@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh lab
-echo "[rlgen] start with notebooks/01_quickstart.ipynb, then 02_reward_debugging, 03_group_advantages, 04_one_rl_step, 05_checkpoint_ab, 06_multi_turn and 07_lora_rl_step" >&2
+echo "[rlgen] start with notebooks/01_quickstart.ipynb, then 02_reward_debugging, 03_group_advantages, 04_one_rl_step, 05_checkpoint_ab, 06_multi_turn, 07_lora_rl_step and 08_reward_across_a_run" >&2
 exec python -m jupyterlab --notebook-dir=notebooks "$@"

@@ -11,7 +11,8 @@ at 1,400 x 900, and writes PNGs of each output plus the measured widths (JSON):
 
 `--notebook episodes` runs multi-turn episodes on the CPU backend instead (a user who asks again, a
 tool that works, a tool that fails; `check_drift()`), shows them and `browse()`s them; its files are
-named `lab-episodes-*`.
+named `lab-episodes-*`. `--notebook runlog` opens a copy of notebook 08's recorded log, draws its
+trend, re-scores and diffs it, and shows the log browser and the diff's browser (`lab-runlog-*`).
 
 1. trusted: the notebook is opened in JupyterLab and run there (Run > Run All Cells);
 2. untrusted: the same notebook executed by nbconvert first, then opened (JupyterLab does not
@@ -89,8 +90,24 @@ res''',
     "b = res.browse()\nb.status = 'done'  # the selection can be set from code, as from the controls\n"
     "b.step(3)  # the fourth matching episode\nb",
 ]
-NOTEBOOKS = {"view": CELLS, "episodes": EPISODE_CELLS}
-OUTPUTS = {"view": 3, "episodes": 2}  # outputs to wait for in the live run
+RUN_LOG_CELLS = [
+    "import re, shutil, tempfile\nimport rlgen\nfrom rlgen.server._models import default_model_path\n"
+    f"run = rlgen.RolloutLog(shutil.copytree({str(ROOT / 'notebooks' / 'data' / '08-run-log')!r}, "
+    "tempfile.mkdtemp() + '/log'), tokenizer=str(default_model_path()))\nrun",
+    "run.plot.trend(threshold=0.5)",
+    '''def brief_sentence(finish_reason, completion_tokens, completion):
+    if finish_reason != "stop" or len(re.findall(r"[A-Za-z0-9']+", completion)) < 4:
+        return 0.0
+    return 1.0 - completion_tokens / 24
+
+run.rescore({"brief": brief_sentence}, version="sentences", progress=False)
+d = run.diff("logged", "sentences", threshold=0.5)
+d''',
+    "b = run.browse(step=20)\nb",
+    "d.browse(top=12)",
+]
+NOTEBOOKS = {"view": CELLS, "episodes": EPISODE_CELLS, "runlog": RUN_LOG_CELLS}
+OUTPUTS = {"view": 3, "episodes": 2, "runlog": 5}  # outputs to wait for in the live run
 
 
 def notebook(cells: list[str] = CELLS) -> dict:
