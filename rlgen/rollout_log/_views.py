@@ -91,8 +91,11 @@ class LogPlots:
         fig, axes = panels(4)
         steps = table.index.to_numpy()
         axes[0].plot(steps, table["reward"], marker=".", label=f"mean {reward}")
-        axes[0].plot(steps, table["pass_rate"], marker=".", linestyle="--", label=f"pass rate (>= {threshold:g})")
-        axes[0].set_title(f"reward ({version})", fontsize="medium")
+        passing = bool(table["pass_rate"].fillna(0).gt(0).any())
+        if passing:  # a graded reward that never reaches `threshold` would draw a line at 0 that says nothing
+            axes[0].plot(steps, table["pass_rate"], marker=".", linestyle="--", label=f"pass rate (>= {threshold:g})")
+        axes[0].set_title(f"reward ({version})" + ("" if passing else f"; no row reaches {threshold:g}"),
+                          fontsize="medium")
         legend(axes[0])
         axes[1].plot(steps, table["completion_tokens"], marker=".", color="0.3")
         axes[1].set_title("mean completion tokens", fontsize="medium")

@@ -186,3 +186,19 @@ def test_rows_named_by_part_and_row_load_back_with_the_frames_columns(tmp_path: 
     res = log.load_rows(rows)
     assert res.df["completion"].tolist() == ["yes", "yes"] and res.df["note"].tolist() == ["last", "first"]
     assert res.df["step"].tolist() == [1, 0] and res.df["log_row"].tolist() == [1, 0]
+
+
+def test_the_trend_plot_draws_four_panels_across_steps_and_marks_a_step(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    log = rlgen.RolloutLog.create(tmp_path / "run")
+    log.append(0, scored([["yes", "no"], ["no", "no"]]))
+    log.append(1, scored([["yes", "yes"], ["yes", "yes"]]))
+    fig = log.plot.trend(mark=1)
+    reward, length, finish, zero = fig.axes[:4]
+    assert list(reward.lines[0].get_ydata()) == [0.25, 1.0] and list(reward.lines[1].get_ydata()) == [0.25, 1.0]
+    assert list(length.lines[0].get_ydata()) == [2.25, 3.0] and list(zero.lines[0].get_ydata()) == [0.5, 1.0]
+    assert [ln.get_label() for ln in finish.lines if not ln.get_label().startswith("_")] == ["stop"]
+    assert all(ax.lines[-1].get_xdata()[0] == 1 for ax in (reward, length, finish, zero))  # the marked step
+    assert fig._repr_png_()[:4] == b"\x89PNG"
+    graded = log.plot.trend(threshold=2.0)  # no row reaches it: no flat pass-rate line, said in the title
+    assert len(graded.axes[0].lines) == 1 and "no row reaches 2" in graded.axes[0].get_title()
