@@ -175,14 +175,17 @@ class RolloutLog:
         from ._text_rows import join_dataset, text_result
 
         tok = load_tokenizer(os.fspath(tokenizer)) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-        notes = [*notes, *_import_notes(steps, tokenizer=tok, dataset=dataset, dataset_prompt=dataset_prompt,
+        matched = None
+        if dataset is not None:  # joined before the log exists: its notes say how many rows matched
+            joins = [join_dataset(rows.prompts, dataset, on=dataset_prompt) for rows in steps]
+            for rows, (joined, _) in zip(steps, joins):
+                rows.extra.update({k: v for k, v in joined.items() if k not in rows.extra})
+            matched = sum(count for _, count in joins)
+        notes = [*notes, *_import_notes(steps, tokenizer=tok, matched=matched, dataset_prompt=dataset_prompt,
                                         max_completion_length=max_completion_length)]
         log = cls.create(path, storage_options=storage_options, source=source, notes=notes)
         with ProgressLine(f"import {source}", total=len(steps), unit="step", show=None) as line:
             for rows in steps:
-                if dataset is not None:
-                    joined, _ = join_dataset(rows.prompts, dataset, on=dataset_prompt)
-                    rows.extra.update({k: v for k, v in joined.items() if k not in rows.extra})
                 log.append(rows.step, text_result(rows, tokenizer=tok, source=source, weights=weights,
                                                   max_completion_length=max_completion_length))
                 line.advance(1)
@@ -297,9 +300,13 @@ class RolloutLog:
         if unknown:
             raise LogError(f"rows name parts this log does not have: {unknown[:3]}", path=self.path)
         files = list(dict.fromkeys(rows["part"]))
-        loaded = dict(zip(files, read_full(self._store, [by_file[f] for f in files], Rollouts, tokenizer=self._tokenizer)))
-        picked = [loaded[f][[int(r)]] for f, r in zip(rows["part"], rows["row"])]
+        loaded = read_full(self._store, [by_file[f] for f in files], Rollouts, tokenizer=self._tokenizer)
+        wanted = [rows.loc[rows["part"] == f, "row"].astype(int).tolist() for f in files]
+        picked = [whole[positions] for whole, positions in zip(loaded, wanted)]
         res = picked[0] if len(picked) == 1 else type(picked[0]).concat(picked, renumber=True)
+        # concat holds the rows part by part; the frame's order is each row's place among them
+        place = {(f, r): k for k, (f, r) in enumerate((f, r) for f, positions in zip(files, wanted) for r in positions)}
+        res = res[[place[(f, int(r))] for f, r in zip(rows["part"], rows["row"])]]
         extra = [c for c in rows.columns if c not in res.df.columns and c not in ("part", "row")]
         columns = {c: rows[c].tolist() for c in extra}
         columns.update({"log_part": rows["part"].tolist(), "log_row": np.asarray(rows["row"], dtype=np.int64).tolist()})
@@ -361,14 +368,12 @@ class RolloutLog:
     def rewards(self, version: str = LOGGED, *, steps: Steps = None) -> pd.DataFrame:
         """Each row's scores under a version (`part`, `row`, `step`, then the version's columns:
         per-function values and statuses, `reward`, group columns); NaN where not scored."""
-        if version != LOGGED:
-            read_lineage(self._store, version)  # LogError naming the versions there are
-        rows = self.rows(steps=steps, columns=["step"] if version != LOGGED else None)
-        if version == LOGGED:
-            keep = ["part", "row", "step", *logged_columns([c for c in rows.columns if c not in ("part", "row", "step")])]
-            return rows[keep]
-        scores = read_version(self._store, version, self._parts(steps), rows)
-        return rows[["part", "row", "step"]].join(scores)
+        parts = self._parts(steps)
+        if version == LOGGED:  # the reward columns of the parts, read alone (their names from the footers)
+            return read_light(self._store, self._cache, parts, ["step", *logged_columns(self._cache.names(self._store, parts))])
+        read_lineage(self._store, version)  # LogError naming the versions there are
+        rows = read_light(self._store, self._cache, parts, ["step"])
+        return rows.join(read_version(self._store, version, parts, rows))
 
     def diff(self, a: str = LOGGED, b: str | None = None, *, steps: Steps = None, reward: str = "reward",
              threshold: float = 1.0, confidence: float = 0.9, interval: str = "t") -> RewardDiff:
@@ -446,18 +451,16 @@ class RolloutLog:
         return log_html(self)
 
 
-def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, dataset: pd.DataFrame | None, dataset_prompt: str,
+def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, matched: int | None, dataset_prompt: str,
                   max_completion_length: int | None) -> list[str]:
-    """What an import says it could not know, in the log's notes."""
-    from ._text_rows import join_dataset
-
+    """What an import says it could not know, in the log's notes (`matched`: rows that matched a
+    dataset row, None without a dataset)."""
     name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
     faithful = sum(len(s.completions) for s in steps if s.completion_ids is not None)
     total = sum(len(s.completions) for s in steps)
     notes = [f"token ids: {total - faithful} of {total} rows re-tokenized from text with {name} (no logprobs; "
              "column 'retokenized')" + (f"; {faithful} rows kept the completion_ids the run logged" if faithful else "")]
-    if dataset is not None:
-        matched = sum(join_dataset(s.prompts, dataset, on=dataset_prompt)[1] for s in steps)
+    if matched is not None:
         notes.append(f"dataset joined on {dataset_prompt!r}: {matched} of {total} rows matched a dataset row "
                      "(by the prompt's last user message)")
     else:
@@ -484,13 +487,9 @@ def _stride(steps: Sequence[int]) -> int | None:
 
 
 def _last_user(messages: Any, prompt: str) -> str:
-    """A chat row's last user message (parts keep the messages as JSON text); the prompt otherwise."""
-    try:
-        chat = json.loads(messages) if isinstance(messages, str) else messages
-        users = [m for m in chat if m.get("role") == "user"]
-        return str(users[-1]["content"]) if users else prompt
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return prompt
+    """A chat row's last user message (`read_light` decodes the messages); the prompt otherwise."""
+    users = [m for m in messages if m.get("role") == "user"] if isinstance(messages, list) else []
+    return str(users[-1]["content"]) if users else prompt
 
 
 def _step_set(steps: Steps) -> set[int] | None:

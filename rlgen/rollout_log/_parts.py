@@ -119,6 +119,21 @@ class LightCache:
             self.footers[file] = pq.read_metadata(store.path(PARTS, file), filesystem=store.arrow_filesystem())
         return self.footers[file]
 
+    def names(self, store: Store, parts: Sequence[PartName]) -> list[str]:
+        """The light column names of `parts` (every one that some part has), in order of first
+        appearance; parts that cannot be read are skipped (remembered in `broken`)."""
+        import pyarrow as pa
+
+        names: dict[str, None] = {}
+        for part in parts:
+            try:
+                schema = self.footer(store, part.file).schema.to_arrow_schema()
+            except (OSError, pa.ArrowException) as err:
+                self.broken.setdefault(part.file, f"{type(err).__name__}: {err}")
+                continue
+            names.update(dict.fromkeys(n for n in schema.names if not n.startswith("_rlgen_")))
+        return list(names)
+
     def num_rows(self, store: Store, file: str) -> int:
         """A part's row count; 0 for a part that cannot be read (remembered in `broken`)."""
         import pyarrow as pa

@@ -85,7 +85,7 @@ def rescore(store: Store, cache: LightCache, parts: Sequence[PartName], funcs: R
                 raise LogError(f"rollout log part {path} cannot be read ({cache.broken[broken[0]]}): re-score the "
                                "steps without it (steps=...), or move the file away", path=path)
             table = _score(store, chunk, df, funcs, options, opts["repeats"], notes, line.advance)
-            _write(store, name, chunk, df, table)
+            _write(store, name, chunk, [cache.num_rows(store, p.file) for p in chunk], table)
             for k in [c for c in table.column_names if c.endswith("_status")]:
                 statuses.setdefault(k, []).extend(table.column(k).to_pylist())
         totals, failed = status_totals(statuses) if statuses else ("nothing to score", False)
@@ -125,14 +125,14 @@ def _score(store: Store, chunk: Sequence[PartName], df: pd.DataFrame, funcs: Rew
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
-def _write(store: Store, name: str, chunk: Sequence[PartName], df: pd.DataFrame, table: pa.Table) -> None:
+def _write(store: Store, name: str, chunk: Sequence[PartName], sizes: Sequence[int], table: pa.Table) -> None:
     """Each part's slice of a chunk's table (repeat-major within the chunk), one file per part."""
     import pyarrow as pa
 
-    total = len(df)
+    total = sum(sizes)
     repeats = table.num_rows // max(total, 1)
     start = 0
-    for part, size in zip(chunk, (int((df["part"] == p.file).sum()) for p in chunk)):
+    for part, size in zip(chunk, sizes):
         pieces = [table.slice(r * total + start, size) for r in range(repeats)]
         write_scores(store, name, part, pieces[0] if repeats == 1 else pa.concat_tables(pieces))
         start += size

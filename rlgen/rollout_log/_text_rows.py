@@ -99,7 +99,11 @@ def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping
     texts = [prompt_text(p) for p in rows.prompts]
     index = {t: i for i, t in enumerate(dict.fromkeys(texts))}
     group = [index[t] for t in texts]
-    sample = [sum(1 for g in group[:i] if g == group[i]) for i in range(n)]
+    seen: dict[int, int] = {}
+    sample = []
+    for g in group:  # each row's place among its prompt's rows
+        sample.append(seen.get(g, 0))
+        seen[g] = sample[-1] + 1
     faithful = rows.completion_ids is not None
     ids: list[list[int]] = (rows.completion_ids if rows.completion_ids is not None
                             else [list(tokenizer.encode(c, add_special_tokens=False)) for c in rows.completions])

@@ -186,6 +186,10 @@ def test_rows_named_by_part_and_row_load_back_with_the_frames_columns(tmp_path: 
     res = log.load_rows(rows)
     assert res.df["completion"].tolist() == ["yes", "yes"] and res.df["note"].tolist() == ["last", "first"]
     assert res.df["step"].tolist() == [1, 0] and res.df["log_row"].tolist() == [1, 0]
+    mixed = log.rows(columns=["completion"]).iloc[[1, 2, 0, 3]]  # part 0 row 1, part 1 row 0, part 0 row 0, ...
+    again = log.load_rows(mixed)
+    assert again.df["completion"].tolist() == mixed["completion"].tolist()
+    assert list(zip(again.df["step"], again.df["log_row"])) == [(0, 1), (1, 0), (0, 0), (1, 1)]
 
 
 def test_the_trend_plot_draws_four_panels_across_steps_and_marks_a_step(tmp_path: Path) -> None:
