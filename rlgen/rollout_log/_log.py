@@ -405,7 +405,8 @@ class RolloutLog:
               threshold: float = 1.0) -> pd.DataFrame:
         """One row per step: rows, mean `reward` under `version` and its pass rate (>= `threshold`),
         mean completion length, the share of each finish reason, and the share of prompt groups
-        with zero variance (no GRPO gradient). Reads four light columns, whatever the log's size."""
+        with zero variance (no GRPO gradient). Reads five light columns (four, and the version's
+        scores), whatever the log's size."""
         from ._views import trend_table
 
         light = ["step", "prompt_index", "completion_tokens", "finish_reason"]
