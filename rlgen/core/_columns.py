@@ -32,7 +32,7 @@ CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages", "adapter")
 # column above, also for episodes), and what the drift inspector found (`Episodes.check_drift`).
 EPISODE_COLUMNS = (
     "status", "turns", "sampled_tokens", "tool_calls", "tool_calls_failed", "env_seconds", "cached_share",
-    "completion_messages", "turn_rewards", "drift", "drift_turn", "drift_position",
+    "completion_messages", "turn_rewards", "step_rewards", "drift", "drift_turn", "drift_position",
 )  # fmt: skip
 # The columns a rollout log (`rlgen.RolloutLog`) adds to each row it holds: the training step; the
 # prompt's key, stable across steps (the same prompt at step 10 and at step 300 has one key); and

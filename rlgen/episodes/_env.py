@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core._options import check_seconds
-from ._tool_calls import ToolCallParser, parse_tool_calls, parse_with_server
-from ._tools import Tool, acall_tool, run_contained, tools_from
+from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, outside_think, parse_tool_calls, parse_with_server
+from ._tools import Tool, ToolResult, acall_tool, run_contained, tools_from
 
 __all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "tool_env"]
 
@@ -68,6 +68,12 @@ class EnvReply:
         seconds: the step's wall time.
         tool_calls / tool_calls_failed: the calls `tool_env` ran in this step, and those not "ok".
         calls: per call `{"name", "arguments", "status", "error"}` (tool_env only).
+        reward: the step's reward, when the environment gives one per step (SkyRL's `step`, a verl
+            tool's `execute`): the env turn's `reward`, summed in the episodes' `step_rewards`.
+        info: what else the environment said about the step (SkyRL's metadata, a tool's metrics,
+            calls found inside reasoning blocks): the env turn's `info`.
+        prompt: from `reset` only: the chat that replaces the prompt's (a framework whose reset
+            rewrites the prompt: SkyRL's `init`, TRL's text appended to the last user message).
     """
 
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -79,6 +85,9 @@ class EnvReply:
     tool_calls: int = 0
     tool_calls_failed: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    prompt: list[dict[str, Any]] | None = None
 
     @property
     def ends(self) -> bool:
@@ -141,9 +150,20 @@ async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: f
 
 
 class EpisodeEnv:
-    """One episode's environment: `reset(data)` before the first turn, `step(messages)` after each."""
+    """One episode's environment: `reset(data)` before the first turn, `step(messages)` after each,
+    `close()` once the episode has ended (on every way out but a cancellation).
+
+    `obj` is the framework's own environment object behind this one, if any (a TRL environment
+    instance, a verifiers rollout's state): the episode keeps it, and reward functions that take
+    `environments` get it (TRL's convention)."""
+
+    obj: Any = None
 
     async def reset(self, data: Any) -> EnvReply:
+        return EnvReply()
+
+    async def close(self) -> EnvReply:
+        """Free what the episode held (a sandbox, a connection); a failure is an `EnvReply` status."""
         return EnvReply()
 
     async def step(self, messages: list[dict[str, Any]]) -> EnvReply:  # pragma: no cover - abstract
@@ -183,6 +203,14 @@ class _ObjectEpisode(EpisodeEnv):
 class ToolEnv(EpisodeEnv):
     """The built-in tool environment (`tool_env`): stateless, shared by every episode.
 
+    A step reads the assistant's last turn for calls (outside its `<think>` blocks: a call written
+    inside one is not run, and the env turn's `info["calls_in_think"]` counts the calls markers
+    found there), runs each call (`run_call`) and answers with one message per call
+    (`tool_message`). A malformed call is kept as data: the env turn's `calls` gets
+    `{"name": None, "status": "bad_tool_call", "parser": ..., "error": ...}` (the error quotes the
+    text that could not be read), and the episode ends "bad_tool_call". Subclasses (the framework
+    adapters of `rlgen.envs`) change how a call runs and how its answer is worded.
+
     Attributes:
         tools: the Tools, by name in `by_name`.
         schemas: their function-calling schemas (given to the chat template).
@@ -214,37 +242,72 @@ class ToolEnv(EpisodeEnv):
         """The client that posts to the server (the runner binds its own), for a "server" parser."""
         self._client = client
 
+    @property
+    def parser_name(self) -> str:
+        """The parser's name as a call record keeps it: "hermes", "server:<name>" or the function's."""
+        if self.server_parser is not None:
+            return f"server:{self.server_parser}"
+        return self.parser if isinstance(self.parser, str) else _name(self.parser)
+
     def __repr__(self) -> str:
         return f"tool_env([{', '.join(self.by_name)}], on_tool_error={self.on_tool_error!r})"
+
+    async def parse(self, said: str) -> ParsedTurn | EnvReply:
+        """The calls of a turn's text outside its reasoning blocks (an `EnvReply` when there is no
+        server to ask)."""
+        if self.server_parser is None:
+            return parse_tool_calls(said, self.parser)
+        if self._client is None:
+            return EnvReply(status="env_error", error="tool_env(parser='server'): no server to ask; run it through "
+                                                      "Engine.episodes (or bind_client(client))")
+        return await parse_with_server(self._client, said, self.tools, parser=self.server_parser)
+
+    async def run_call(self, call: ToolCall) -> ToolResult:
+        """Run one call (its tool is among `by_name`): contained, with the timeout."""
+        return await acall_tool(self.by_name[call.name], call.arguments, timeout=self.timeout)
+
+    def tool_message(self, call: ToolCall, text: str) -> dict[str, Any]:
+        """The message that answers a call: `{"role": "tool", "name": ..., "content": text}`."""
+        return {"role": "tool", "name": call.name, "content": text}
+
+    def error_text(self, call: ToolCall, result: ToolResult) -> str:
+        """What the model reads for a failed call under `on_tool_error="reply"`."""
+        return f"Error: {result.error}"
+
+    def step_reward(self, results: Sequence[ToolResult]) -> float | None:
+        """The step's reward from its calls' results (None: tools give no reward)."""
+        return None
 
     async def step(self, messages: list[dict[str, Any]]) -> EnvReply:
         t0 = time.perf_counter()
         last = messages[-1] if messages else {}
         if last.get("role") != "assistant":
             return EnvReply(status="env_error", error="tool_env: the last message is not the assistant's turn")
-        said = str(last.get("content") or "")
-        if self.server_parser is None:
-            parsed = parse_tool_calls(said, self.parser)
-        elif self._client is None:
-            return EnvReply(status="env_error", error="tool_env(parser='server'): no server to ask; run it through "
-                                                      "Engine.episodes (or bind_client(client))")
-        else:
-            parsed = await parse_with_server(self._client, said, self.tools, parser=self.server_parser)
+        said, thought = outside_think(str(last.get("content") or ""))
+        parsed = await self.parse(said)
+        if isinstance(parsed, EnvReply):
+            return parsed
+        info = {"calls_in_think": thought.count("<tool_call>")} if "<tool_call>" in thought else {}
         if parsed.error is not None:
-            return EnvReply(status="bad_tool_call", error=parsed.error, seconds=time.perf_counter() - t0)
+            return EnvReply(status="bad_tool_call", error=parsed.error, seconds=time.perf_counter() - t0, info=info,
+                            tool_calls=1, tool_calls_failed=1,
+                            calls=[{"name": None, "arguments": None, "status": "bad_tool_call", "error": parsed.error,
+                                    "parser": self.parser_name}])
         if not parsed.calls:
-            return EnvReply(done=True, seconds=time.perf_counter() - t0)
-        reply = EnvReply()
+            return EnvReply(done=True, seconds=time.perf_counter() - t0, info=info)
+        reply = EnvReply(info=info)
+        results: list[ToolResult] = []
         for call in parsed.calls:
-            tool = self.by_name.get(call.name)
-            if tool is None:
-                return EnvReply(status="bad_tool_call", seconds=time.perf_counter() - t0,
-                                error=f"malformed tool call: no tool is named {call.name!r} "
-                                      f"(the tools: {', '.join(self.by_name) or 'none'})",
-                                tool_calls=reply.tool_calls + 1, tool_calls_failed=reply.tool_calls_failed + 1,
-                                calls=[*reply.calls, {"name": call.name, "arguments": call.arguments,
-                                                      "status": "bad_tool_call", "error": "unknown tool"}])
-            result = await acall_tool(tool, call.arguments, timeout=self.timeout)
+            if call.name not in self.by_name:
+                reply.status, reply.messages = "bad_tool_call", []
+                reply.error = (f"malformed tool call: no tool is named {call.name!r} "
+                               f"(the tools: {', '.join(self.by_name) or 'none'})")
+                reply.tool_calls, reply.tool_calls_failed = reply.tool_calls + 1, reply.tool_calls_failed + 1
+                reply.calls.append({"name": call.name, "arguments": call.arguments, "status": "bad_tool_call",
+                                    "error": "unknown tool", "parser": self.parser_name})
+                break
+            result = await self.run_call(call)
+            results.append(result)
             reply.tool_calls += 1
             reply.calls.append({"name": call.name, "arguments": call.arguments, "status": result.status,
                                 "error": result.error, "result": result.text if result.ok else None})
@@ -254,10 +317,10 @@ class ToolEnv(EpisodeEnv):
                     reply.status, reply.error, reply.traceback = result.status, \
                         f"tool {call.name!r}: {result.error}", result.traceback
                     reply.messages = []
-                    reply.seconds = time.perf_counter() - t0
-                    return reply
-            text = result.text if result.ok else f"Error: {result.error}"
-            reply.messages.append({"role": "tool", "name": call.name, "content": text or ""})
+                    break
+            reply.messages.append(self.tool_message(call, result.text or "" if result.ok
+                                                    else self.error_text(call, result)))
+        reply.reward = self.step_reward(results)
         reply.seconds = time.perf_counter() - t0
         return reply
 
@@ -297,17 +360,27 @@ def _positional(fn: Callable[..., Any]) -> tuple[int, int, bool] | None:
 @dataclass
 class Environment:
     """The user's `env=` normalised: `tools` (schemas for the chat template, or None) and
-    `new()`, one `EpisodeEnv` per episode (construction contained: an `EnvReply` failure instead)."""
+    `new()`, one `EpisodeEnv` per episode (construction contained: an `EnvReply` failure instead).
+
+    Two hooks serve environments written for other frameworks (`rlgen.envs`):
+    `reward_funcs`, the framework's own rewards, scored once every episode has ended
+    (`Engine.episodes` adds them with `add_rewards`, in threads: they may read the episodes'
+    `environments`); and `loop`, for a framework whose environment owns its loop (verifiers'
+    `rollout` is final): the runner then hands the whole call to it (`LoopCall`), and it fills the
+    records as `Episode` would."""
 
     make: Callable[[], Any]
-    kind: str                                  # "function", "class", "factory", "tools"
+    kind: str                                  # "function", "class", "factory", "tools", "framework"
     tools: list[dict[str, Any]] | None
     timeout: float | None
+    reward_funcs: Mapping[str, Callable[..., Any]] | None = None
+    loop: Callable[[Any], Awaitable[None]] | None = None
 
     async def new(self) -> EpisodeEnv | EnvReply:
         if self.kind in ("function", "tools"):
             return self.make()  # type: ignore[no-any-return]
-        # a class or factory may take a while (a dataset, a sandbox): contained like a step, off the loop
+        # a class, a factory or a framework's environment may take a while (a dataset, a sandbox):
+        # contained like a step, off the loop
         ran = await run_contained(self.make, timeout=self.timeout)
         if ran.timed_out:
             return EnvReply(status="env_timeout", seconds=ran.seconds,

@@ -11,6 +11,7 @@ Owns: `Episode`, one episode's named state and its steps:
 - `step`: the environment asked, and its messages' template delta appended (mask 0) when the next
   request, with it, fits the model's context (when it does not, the episode ends "context_limit"
   and keeps only what was sent: the reply stays in the turns frame, not in the ids or messages);
+- `close`: the environment's close, once the episode has ended (not after a cancellation);
 - `finish`: the record's turns written (on every way out, Ctrl-C included).
 
 The stops: "done", "max_turns", "context_limit", the environment's failure statuses,
@@ -142,6 +143,7 @@ class Episode:
                 for turn in range(self.call.max_turns):
                     if not await self.sample(turn) or not await self.step(turn):
                         break
+            await self.close()
         finally:
             self.finish()
 
@@ -160,6 +162,7 @@ class Episode:
         if isinstance(made, EnvReply):
             return self.fail(made)
         self.session = made
+        record.env = made.obj
         bind = getattr(made, "bind_client", None)
         if callable(bind):  # a tool environment that parses with the server's own parser
             bind(call.sender.client)
@@ -167,7 +170,8 @@ class Episode:
         record.env_seconds += reply.seconds
         if reply.status is not None:
             return self.fail(reply)
-        record.messages = [dict(m) for m in self.prompt] + reply.messages
+        chat = self.prompt if reply.prompt is None else reply.prompt
+        record.messages = [dict(m) for m in chat] + reply.messages
         record.n_prompt_messages = len(record.messages)
         t = time.perf_counter()
         try:
@@ -233,7 +237,7 @@ class Episode:
         said = Turn(turn, "env", text="\n".join(m["content"] for m in reply.messages) or None,
                     tool_calls=reply.tool_calls, tool_calls_failed=reply.tool_calls_failed, latency_s=reply.seconds,
                     status=reply.status, done=reply.done, calls=reply.calls,
-                    roles=[m.get("role") for m in reply.messages])
+                    roles=[m.get("role") for m in reply.messages], reward=reply.reward, info=reply.info)
         self.turns.append(said)
         if reply.status is not None:
             return self.fail(reply)
@@ -250,6 +254,16 @@ class Episode:
         record.extend(delta, role="env", turn=turn)
         said.tokens = len(delta)
         return True
+
+    async def close(self) -> None:
+        """The environment's close, once the episode has ended: a failure there is the episode's
+        status only when it had ended well (a first failure is the one to read)."""
+        if self.session is None:
+            return
+        reply = await self.session.close()
+        self.record.env_seconds += reply.seconds
+        if reply.status is not None and self.record.status in ("done", "max_turns", "context_limit"):
+            self.fail(reply)
 
     def finish(self) -> None:
         """The turns into the record (as the dicts a record keeps)."""

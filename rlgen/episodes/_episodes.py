@@ -45,7 +45,11 @@ if TYPE_CHECKING:
 
     from ..rewards._scoring import RewardFunctions
 
-__all__ = ["ROLE_CODES", "Episodes", "episodes_from_records"]
+__all__ = ["ENV_KEY", "ROLE_CODES", "Episodes", "episodes_from_records"]
+
+# The meta_info key of an episode's framework environment object (in memory only: a key that
+# starts with "_" is not written to parquet).
+ENV_KEY = "_env"
 
 # The `roles` tensor's codes: 0 padding, 1 a token the model sampled, 2 a token it did not
 # (the environment's and tools' messages, a closing EOS the environment appended).
@@ -99,10 +103,13 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     df["completion"] = text_series(df["completion"].tolist())
     df["run"] = text_series([run] * n)
     df["row_id"] = np.arange(n, dtype=np.int64)
+    if any(r.step_rewards is not None for r in records):
+        df["step_rewards"] = [r.step_rewards or [] for r in records]
     for name, values in data_columns([r.data for r in records]).items():
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
-    meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas} for r in records]
+    meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas,
+             **({ENV_KEY: r.env} if r.env is not None else {})} for r in records]
     mask = np.array([m for r in records for m in r.loss_mask[r.prompt_len:]], dtype=np.bool_)
     return Episodes(**FlatRollouts(
         df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=row_offsets(p_len),
@@ -183,10 +190,16 @@ class Episodes(Rollouts):
             status=str(row["status"]), error=row["error"] if isinstance(row["error"], str) else None,
             traceback=meta.get("traceback"),
             turns=list(meta.get("turns") or []), env_seconds=float(row["env_seconds"]),
-            data=data.get("data") if list(data) == ["data"] else (data or None),
+            data=data.get("data") if list(data) == ["data"] else (data or None), env=meta.get(ENV_KEY),
         )
         record.n_prompt_messages = len(row["prompt_messages"])
         return record
+
+    def _row_objects(self) -> dict[str, list[Any]]:
+        """`environments`: each episode's framework environment object (TRL's reward functions take
+        them), when the episodes ran one; kept in memory only (a parquet file drops them)."""
+        envs = [m.get(ENV_KEY) for m in self.meta_info]
+        return {"environments": envs} if any(e is not None for e in envs) else {}
 
     @property
     def records(self) -> list[EpisodeRecord]:
@@ -199,15 +212,18 @@ class Episodes(Rollouts):
         prompt_index, sample_index, turn, role, text, tokens, logprob_mean, tool_calls,
         tool_calls_failed, finish_reason, cached_tokens, prompt_tokens, latency_s, rlgen_s (the
         runner's own time for an assistant turn), status (an environment reply's), calls (an
-        environment reply's tool calls: name, arguments, status, error), and reward after
-        `add_turn_rewards`."""
+        environment reply's tool calls: name, arguments, status, error), reward (an environment
+        reply's step reward, when it gives one; an assistant turn's after `add_turn_rewards`) and
+        info (what an environment said about a step, when it said anything)."""
         import pandas as pd
 
         df = self._checked_df()
         keys = df[["run", "row_id", "prompt_index", "sample_index"]].to_dict("records")
-        rewarded = any("reward" in t for m in self.meta_info for t in m.get("turns") or [])
+        turns = [t for m in self.meta_info for t in m.get("turns") or []]
+        rewarded = any(t.get("reward") is not None for t in turns)
+        said = any(t.get("info") for t in turns)
         columns = ["run", "row_id", "prompt_index", "sample_index", *TURN_COLUMNS[2:], "status", "calls",
-                   *(["reward"] if rewarded else [])]
+                   *(["reward"] if rewarded else []), *(["info"] if said else [])]
         rows = [{**key, **{c: t.get(c) for c in columns[4:]}}
                 for key, meta in zip(keys, self.meta_info) for t in meta.get("turns") or []]
         return pd.DataFrame(rows, columns=columns)

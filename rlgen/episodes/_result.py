@@ -55,6 +55,8 @@ class EpisodeRecord:
         data: the prompt's data as given to the environment.
         n_prompt_messages: how many of `messages` are the prompt's (its chat and what the
             environment's reset added); -1 until the runner knows.
+        env: the framework's own environment object behind the episode's (`EpisodeEnv.obj`), kept
+            in memory for reward functions that take `environments`; None for rlgen's own.
     """
 
     prompt_index: int
@@ -73,6 +75,7 @@ class EpisodeRecord:
     env_seconds: float = 0.0
     data: Any = None
     n_prompt_messages: int = -1
+    env: Any = None
 
     def extend(self, ids: Sequence[int], *, role: str, turn: int, mask: int = 0,
                logprobs: Sequence[float] | None = None) -> None:
@@ -91,6 +94,12 @@ class EpisodeRecord:
     def sampled_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    @property
+    def step_rewards(self) -> list[float] | None:
+        """The environment's reward of each step that gave one, in order (None: no step gave one)."""
+        rewards = [t["reward"] for t in self.turns if t["role"] == "env" and t.get("reward") is not None]
+        return [float(r) for r in rewards] if rewards else None
+
     def __repr__(self) -> str:
         return (f"EpisodeRecord(prompt={self.prompt_index}, sample={self.sample_index}, status={self.status!r}, "
                 f"turns={len(self.assistant_turns)}, tokens={len(self.ids)}, sampled={self.sampled_tokens}"
@@ -103,7 +112,8 @@ class Turn:
     environment's reply after it (`role` "env"). Its fields are `TURN_COLUMNS` (after the episode's
     prompt_index and sample_index), then what only one role has: an assistant turn's `rid`,
     `weight_version` and `matched_stop`; an environment reply's `status`, `done`, `calls` (per tool
-    call: name, arguments, status, error, result) and `roles` (of its messages). `as_dict()` is the
+    call: name, arguments, status, error, result; a malformed call's parser), `roles` (of its
+    messages), `reward` (the step's, when the environment gives one) and `info` (what else it said). `as_dict()` is the
     form a record keeps (and a parquet file stores): each role's own keys, in a fixed order."""
 
     turn: int
@@ -125,11 +135,13 @@ class Turn:
     done: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
     roles: list[Any] = field(default_factory=list)
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
     _COMMON: ClassVar[tuple[str, ...]] = ("turn", "role", "text", "tokens", "logprob_mean", "tool_calls", "tool_calls_failed", "finish_reason",
                "cached_tokens", "prompt_tokens", "latency_s")
     _OWN: ClassVar[dict[str, tuple[str, ...]]] = {"assistant": ("rid", "weight_version", "matched_stop", "rlgen_s"),
-            "env": ("status", "done", "calls", "roles")}
+            "env": ("status", "done", "calls", "roles", "reward", "info")}
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (*self._COMMON, *self._OWN[self.role])}

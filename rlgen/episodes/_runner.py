@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..client._generate import gather_or_abort
@@ -30,10 +31,25 @@ from ._episode import Episode, EpisodeCall, TurnSender
 from ._result import EpisodeRecord, data_columns
 from ._template import check_template
 
-__all__ = ["DEFAULT_MAX_IN_FLIGHT", "episode_data", "episode_prompts", "run_episodes"]
+__all__ = ["DEFAULT_MAX_IN_FLIGHT", "LoopCall", "episode_data", "episode_prompts", "run_episodes"]
 
 # Requests in flight at once when the caller sets none (the environment's steps are not counted).
 DEFAULT_MAX_IN_FLIGHT = 64
+
+
+@dataclass
+class LoopCall:
+    """What an environment that owns its loop (`Environment.loop`) gets for a call: it fills
+    `records` (prompt-major, n per prompt, made by the runner) as `Episode` would (ids, loss mask,
+    logprobs, turns, messages, status), sends each turn through `call.sender` (seeding, the bound
+    on requests in flight, batching, rids for an abort) and calls `on_episode(record)` as each
+    episode ends. An exception it lets out of one episode should be that episode's status "error".
+    """
+
+    call: EpisodeCall
+    prompts: Sequence[Sequence[Mapping[str, Any]]]
+    records: list[EpisodeRecord]
+    on_episode: Callable[[EpisodeRecord], None] | None
 
 
 def episode_prompts(prompts: Any) -> list[list[dict[str, Any]]]:
@@ -154,7 +170,23 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         if on_episode is not None:
             on_episode(record)
 
-    tasks = [asyncio.ensure_future(guarded(r)) for r in out]
+    async def whole(loop: Callable[[Any], Any]) -> None:
+        try:
+            await loop(LoopCall(call, prompts, out, on_episode))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug in the loop: every unfinished episode's status, not the call's crash
+            import traceback as tb
+
+            for record in out:
+                if record.status == "running":
+                    record.status, record.error = "error", f"{type(e).__name__}: {e}"
+                    record.traceback = "".join(tb.format_exception(e))
+
+    if environment.loop is not None:  # the environment owns its loop: it fills the records
+        tasks = [asyncio.ensure_future(whole(environment.loop))]
+    else:
+        tasks = [asyncio.ensure_future(guarded(r)) for r in out]
     try:
         await gather_or_abort(client, tasks, sender.in_flight)
     except BaseException:

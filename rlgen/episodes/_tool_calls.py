@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from ._tools import Tool
 
-__all__ = ["ParsedTurn", "ToolCall", "ToolCallParser", "parse_hermes", "parse_tool_calls", "parse_with_server"]
+__all__ = ["ParsedTurn", "ToolCall", "ToolCallParser", "outside_think", "parse_hermes", "parse_tool_calls",
+           "parse_with_server"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 # What starts a call for some of SGLang's --tool-call-parser names: a turn that holds it but gets no
@@ -68,6 +69,42 @@ ToolCallParser = Callable[[str], "ParsedTurn | Sequence[tuple[str, Mapping[str, 
 
 class _Poster(Protocol):
     async def post(self, path: str, body: Any = None, **kwargs: Any) -> Any: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# reasoning blocks
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+def outside_think(text: str) -> tuple[str, str]:
+    """(the text outside `<think>...</think>` blocks, the text inside them).
+
+    A turn's reasoning is not where it calls tools: a call written inside a block is the model
+    thinking about a call, and executing it runs a tool the model did not ask for (verl #4757,
+    #6424). Cut as reasoning parsers cut it: a block runs from `<think>` to the next `</think>`; an
+    unclosed `<think>` runs to the end of the text; text before a first `</think>` with no
+    `<think>` before it is a block too (templates such as Qwen3's open the block in the prompt, so
+    the sampled turn starts inside it).
+    """
+    outside: list[str] = []
+    inside: list[str] = []
+    first_close, first_open = text.find(_THINK_CLOSE), text.find(_THINK_OPEN)
+    pos = 0
+    if first_close != -1 and (first_open == -1 or first_close < first_open):
+        inside.append(text[:first_close])
+        pos = first_close + len(_THINK_CLOSE)
+    while (start := text.find(_THINK_OPEN, pos)) != -1:
+        outside.append(text[pos:start])
+        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end == -1:
+            inside.append(text[start + len(_THINK_OPEN):])
+            pos = len(text)
+            break
+        inside.append(text[start + len(_THINK_OPEN):end])
+        pos = end + len(_THINK_CLOSE)
+    outside.append(text[pos:])
+    return "".join(outside), "".join(inside)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -83,7 +83,10 @@ def rewards_columns(rows: RowBatch, groups: np.ndarray, funcs: RewardFunctions, 
     notes: list[str] = []
     values = []
     for f, calls in plans:
-        outcomes, interrupted = _run(f, calls, mode=mode, timeout=timeout, workers=workers, on_progress=on_progress)
+        # a function given in-memory objects (an episode's environment) runs in this process
+        own_mode: Mode = "thread" if mode == "process" and any(k in rows.objects for _, _, kw in calls for k in kw) else mode
+        outcomes, interrupted = _run(f, calls, mode=own_mode, timeout=timeout, workers=workers,
+                                     on_progress=on_progress)
         cols = _function_columns(f.name, calls, outcomes, len(rows), batch=f.style == "trl")
         out.update(cols)
         notes.extend(_failure_notes(f.name, cols[f"reward_{f.name}_status"], cols[f"reward_{f.name}_error"]))

@@ -69,6 +69,9 @@ class RowBatch:
     data_columns: Sequence[str] = ()             # the user's own columns (per-prompt data, added columns)
     chats: Sequence[Any] | None = None           # each row's prompt messages, for chat prompts
     completion_messages: Sequence[Any] | None = None  # each row's messages after the prompt (episodes)
+    # per-row Python objects a function may ask for by name that are no columns (an episode's
+    # framework environment as `environments`, TRL's name): they live in this process only
+    objects: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -78,10 +81,12 @@ class RowBatch:
             return list(self.completion_ids[i])
         if name == "prompt_ids":
             return list(self.prompt_ids[i])
+        if name in self.objects:
+            return self.objects[name][i]
         return self.columns[name][i]
 
     def available(self) -> list[str]:
-        return [*self.columns, *_PER_ROW_EXTRAS]
+        return [*self.columns, *_PER_ROW_EXTRAS, *self.objects]
 
 
 @dataclass(frozen=True)

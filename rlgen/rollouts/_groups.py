@@ -8,7 +8,7 @@ how rewards are computed or shown: the reward layer takes these arrays and retur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ def group_keys(df: Any) -> np.ndarray:
 
 
 def row_batch(df: Any, *, completion_ids: Sequence[Sequence[int]], prompt_ids: Sequence[Sequence[int]],
-              data_columns: Sequence[str]) -> RowBatch:
+              data_columns: Sequence[str], objects: Mapping[str, Sequence[Any]] | None = None) -> RowBatch:
     """The rows as the reward layer reads them. `data_columns`: the user's own columns; the reward
     columns an earlier scoring wrote are left out (a user's `reward_model` column is kept)."""
     columns = {c: df[c].tolist() for c in df.columns}
@@ -45,4 +45,5 @@ def row_batch(df: Any, *, completion_ids: Sequence[Sequence[int]], prompt_ids: S
         data_columns=[c for c in data_columns if c not in written],
         chats=columns.get("prompt_messages"),
         completion_messages=columns.get("completion_messages"),
+        objects=dict(objects or {}),
     )

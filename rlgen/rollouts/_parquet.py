@@ -107,7 +107,9 @@ def write_parquet(
     arrays = {
         "prompt_ids": ragged(*prompt),
         "response_ids": ragged(*response),
-        "meta_info": pa.array([orjson.dumps(m).decode() for m in meta_info], pa.string()),
+        # keys that start with "_" hold in-memory objects (an episode's environment): not written
+        "meta_info": pa.array([orjson.dumps({k: v for k, v in m.items() if not k.startswith("_")}).decode()
+                               for m in meta_info], pa.string()),
     }
     for name, (values, offsets) in fields.items():
         arrays[name] = ragged(values, offsets)

@@ -43,6 +43,11 @@ class RewardMethods:
 
         def with_columns(self, columns: Mapping[str, Sequence[Any]]) -> Self: ...
 
+    def _row_objects(self) -> dict[str, list[Any]]:
+        """Per-row in-memory objects reward functions may ask for by name besides the columns
+        (none here; `Episodes` gives its framework environments as `environments`)."""
+        return {}
+
     @takes_options(RewardOptions)
     def add_rewards(self, funcs: RewardFunctions, /, **options: Unpack[RewardOptions]) -> Self:
         """Score every row with your reward functions; returns a new Rollouts with reward columns.
@@ -72,7 +77,7 @@ class RewardMethods:
 
         opts = resolve(RewardOptions, options)
         rows = row_batch(self._df, completion_ids=self.id_lists("response"), prompt_ids=self.id_lists("prompt"),
-                         data_columns=self.data_columns)
+                         data_columns=self.data_columns, objects=self._row_objects())
         with ProgressLine("rewards", total=len(self) * count_functions(funcs), unit="score", show=opts["progress"]) as line:
             cols, notes = rewards_columns(rows, group_keys(self._df), funcs, opts, on_progress=line.advance)
             totals, failed = status_totals(cols)
