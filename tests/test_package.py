@@ -24,7 +24,7 @@ def _module_name(path: Path) -> str:
 LAYERS: dict[str, int] = {
     "rlgen": 7,                      # the facade: __init__, __main__
     "rlgen.engine": 6,
-    "rlgen.rollout_log": 5,
+    "rlgen.rollout_log": 5, "rlgen.envs": 5,
     "rlgen.compare": 4,
     "rlgen.episodes": 4,
     "rlgen.rollouts": 3,

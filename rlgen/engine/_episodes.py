@@ -4,8 +4,9 @@ Owns: running a call's episodes with options already checked against `core._opti
 (the Engine's method resolves them, so a mistake raises before anything here runs): the prompts as
 chats and the environment, each built once and checked before anything is sent; the episode runner
 (`rlgen.episodes.run_episodes`) on the background loop with the Engine's connection (client,
-tokenizer or one with another chat template, context length); the call's provenance (as
-generate's), its progress line, and Ctrl-C (every episode is handed to `keep`, the Engine's
+tokenizer or one with another chat template, context length); an environment written for another
+framework made into its adapter's (`rlgen.envs.adapt`), and that framework's own rewards added once
+the episodes have ended; the call's provenance (as generate's), its progress line, and Ctrl-C (every episode is handed to `keep`, the Engine's
 `last_episodes`, the unfinished ones aborted on the server and marked "cancelled"). Knows nothing
 about how an episode runs or how its prompts and data are checked (`rlgen.episodes`), nor about
 server processes, scoring or weights.
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core import _loop, _options
+from ..envs import adapt
 from ..episodes import EpisodeRecord, Episodes, as_environment, episodes_from_records, run_episodes
 from ..episodes._runner import episode_prompts
 from ._connection import Connection
@@ -35,7 +37,8 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
     chats = episode_prompts(prompts)
     template = opts["chat_template"]
     tokenizer = conn.tokenizer if template is None else _with_template(conn.tokenizer, template)
-    environment = as_environment(env, timeout=opts["env_timeout"])  # built once: checked before anything is sent
+    # built once: checked before anything is sent; another framework's environment through its adapter
+    environment = as_environment(adapt(env), timeout=opts["env_timeout"])
     sampling = _options.to_sglang(opts)
     n, max_new_tokens = opts["n"], sampling.pop("max_new_tokens")
     records: list[EpisodeRecord] = []
@@ -69,6 +72,9 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
                 keep(result())
             raise
     done = result()
+    if environment.reward_funcs:  # the framework's own rewards, in threads: they may read `environments`
+        keep(done)  # kept unscored first: a Ctrl-C while scoring loses no episode
+        done = done.add_rewards(dict(environment.reward_funcs), mode="thread", progress=conn.show(opts["progress"]))
     keep(done)
     return done
 

@@ -155,11 +155,16 @@ class EpisodeEnv:
 
     `obj` is the framework's own environment object behind this one, if any (a TRL environment
     instance, a verifiers rollout's state): the episode keeps it, and reward functions that take
-    `environments` get it (TRL's convention)."""
+    `environments` get it (TRL's convention). `tool_schemas`, when not None, are this episode's
+    tools for its first prompt (a framework that routes each row to its own environment), in place
+    of the call's `Environment.tools`."""
 
     obj: Any = None
+    tool_schemas: list[dict[str, Any]] | None = None
 
-    async def reset(self, data: Any) -> EnvReply:
+    async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
+        """Before the first turn: `data` is the prompt's data, `prompt` its chat (a framework's
+        reset may rewrite it: `EnvReply.prompt`)."""
         return EnvReply()
 
     async def close(self) -> EnvReply:
@@ -174,7 +179,7 @@ class _FunctionEpisode(EpisodeEnv):
     def __init__(self, fn: Callable[..., Any], with_data: bool, timeout: float | None) -> None:
         self.fn, self.with_data, self.timeout, self.data = fn, with_data, timeout, None
 
-    async def reset(self, data: Any) -> EnvReply:
+    async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
         self.data = data
         return EnvReply()
 
@@ -187,7 +192,7 @@ class _ObjectEpisode(EpisodeEnv):
     def __init__(self, obj: Any, timeout: float | None) -> None:
         self.obj, self.timeout = obj, timeout
 
-    async def reset(self, data: Any) -> EnvReply:
+    async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
         reset = getattr(self.obj, "reset", None)
         if reset is None:
             return EnvReply()

@@ -166,7 +166,7 @@ class Episode:
         bind = getattr(made, "bind_client", None)
         if callable(bind):  # a tool environment that parses with the server's own parser
             bind(call.sender.client)
-        reply = await made.reset(record.data)
+        reply = await made.reset(record.data, prompt=[dict(m) for m in self.prompt])
         record.env_seconds += reply.seconds
         if reply.status is not None:
             return self.fail(reply)
@@ -175,7 +175,8 @@ class Episode:
         record.n_prompt_messages = len(record.messages)
         t = time.perf_counter()
         try:
-            first = first_prompt_ids(call.tokenizer, record.messages, tools=call.environment.tools)
+            tools = made.tool_schemas if made.tool_schemas is not None else call.environment.tools
+            first = first_prompt_ids(call.tokenizer, record.messages, tools=tools)
         except Exception as e:  # a chat the template refuses (raise_exception, a TemplateError)
             return self.end("template_error", f"{type(e).__name__}: {e}")
         record.prompt_len = len(first)
