@@ -75,7 +75,7 @@ class _TRLEpisode(ToolEnv):
     async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
         chat = [dict(m) for m in prompt or []]
         row = {k: v for k, v in data.items() if k != "environment"} if isinstance(data, Mapping) else {}
-        row.setdefault("prompt", chat)
+        row.setdefault("prompt", [dict(m) for m in chat])  # its own copy: the chat is rebuilt below
         what = f"{type(self.obj).__name__}.reset"
         ran = await run_contained(lambda: _text_or_none(self.obj.reset(**row), what), timeout=self.timeout)
         if ran.timed_out:
@@ -177,7 +177,9 @@ def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallPa
         if not callable(getattr(cls, "reset", None)):
             raise TypeError(f"{cls.__name__} has no reset method; a TRL environment defines reset(**kwargs)")
         functions = {n: getattr(cls, n) for n in _tool_names(cls)}
-        for tool in tools_from({n: _unbound(f) for n, f in functions.items()}):  # checks hints and docstrings
+        for f in functions.values():
+            _check_as_trl(cls, f)
+        for tool in tools_from({n: _unbound(f) for n, f in functions.items()}):
             schemas.setdefault(tool.name, tool.schema)
         classes[name] = cls
 
@@ -219,6 +221,19 @@ class _TRLRow(_TRLEpisode):
         reply = await _TRLEpisode.reset(self, data, prompt)
         reply.seconds += ran.seconds
         return reply
+
+
+def _check_as_trl(cls: type, fn: Callable[..., Any]) -> None:
+    """Refuse a tool TRL would refuse: transformers' `get_json_schema` (what TRL's chat template
+    call runs on each tool) needs a type hint and a docstring `Args:` line for every parameter."""
+    from transformers.utils import get_json_schema
+
+    try:
+        get_json_schema(_unbound(fn))
+    except Exception as e:  # transformers' TypeError / DocstringParsingException
+        raise TypeError(f"{cls.__name__}.{fn.__name__} is not a tool TRL can offer: {e} (TRL builds each tool's "
+                        "schema with transformers' get_json_schema: give every parameter a type hint and a line "
+                        "under 'Args:' in a Google-style docstring)") from None
 
 
 def _unbound(fn: Callable[..., Any]) -> Callable[..., Any]:

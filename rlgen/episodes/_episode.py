@@ -162,11 +162,11 @@ class Episode:
         if isinstance(made, EnvReply):
             return self.fail(made)
         self.session = made
-        record.env = made.obj
         bind = getattr(made, "bind_client", None)
         if callable(bind):  # a tool environment that parses with the server's own parser
             bind(call.sender.client)
         reply = await made.reset(record.data, prompt=[dict(m) for m in self.prompt])
+        record.env = made.obj  # a framework's own environment, made by now (some are made at reset)
         record.env_seconds += reply.seconds
         if reply.status is not None:
             return self.fail(reply)

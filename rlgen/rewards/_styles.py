@@ -14,7 +14,8 @@ The styles (the names `style=` takes):
   `completions` are every message after the prompt (TRL's multi-turn convention). Recognised by a parameter named
   `prompts`, or `completions` without `prompt`, or `**kwargs` with named parameters all among
   TRL's batch keywords (prompts, completions, completion_ids, trainer_state, log_extra,
-  log_metric), as TRL's own `f(completion_ids, **kwargs)`.
+  log_metric, environments), as TRL's own `f(completion_ids, **kwargs)`. `environments` is each
+  episode's environment object, for episodes of a TRL environment class (`rlgen.envs.from_trl`).
 - "verl": `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`, one
   row per call; a dict gives `"score"` and its other keys become columns. Recognised by
   `solution_str` and `ground_truth`.
@@ -55,7 +56,8 @@ STYLES: tuple[str, ...] = ("trl", "verl", "areal", "row", "columns")
 # Per-row values a function can ask for by name besides the DataFrame's columns.
 _PER_ROW_EXTRAS = ("completion_ids", "prompt_ids")
 # The keyword arguments TRL's trainers pass every reward function: the batch and the training hooks.
-_TRL_BATCH_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
+_TRL_BATCH_NAMES = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                              "environments"})
 _TRL_HOOKS = ("trainer_state", "log_extra", "log_metric")
 
 
