@@ -226,7 +226,7 @@ class _TRLRow(_TRLEpisode):
 def _check_as_trl(cls: type, fn: Callable[..., Any]) -> None:
     """Refuse a tool TRL would refuse: transformers' `get_json_schema` (what TRL's chat template
     call runs on each tool) needs a type hint and a docstring `Args:` line for every parameter."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     try:
         get_json_schema(_unbound(fn))
