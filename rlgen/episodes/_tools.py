@@ -429,9 +429,18 @@ class Ran:
 
     @property
     def traceback(self) -> str | None:
+        """The traceback from the user's code down: rlgen's own frames above it (the thread or
+        task that ran the call) are left out."""
+        import os
         import traceback as tb
 
-        return None if self.error is None else "".join(tb.format_exception(self.error))
+        if self.error is None:
+            return None
+        frames, package = self.error.__traceback__, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        while frames is not None and frames.tb_next is not None and \
+                os.path.abspath(frames.tb_frame.f_code.co_filename).startswith(package + os.sep):
+            frames = frames.tb_next
+        return "".join(tb.format_exception(type(self.error), self.error, frames))
 
 
 class _Raised(Exception):
