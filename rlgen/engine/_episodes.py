@@ -54,7 +54,7 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
             record["chat_template"] = template
         return episodes_from_records(records, pad_token_id=conn.pad_id, tokenizer=tokenizer,
                                      model=provenance.model, sampling=record["sampling"], run_record=record,
-                                     tools=environment.tools)
+                                     tools=environment.tools, framework=environment.kind == "framework")
 
     with ProgressLine("episodes", total=len(chats) * n, unit="episode", show=conn.show(opts["progress"])) as line:
         def advance(record: EpisodeRecord) -> None:
@@ -74,7 +74,9 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
     done = result()
     if environment.reward_funcs:  # the framework's own rewards, in threads: they may read `environments`
         keep(done)  # kept unscored first: a Ctrl-C while scoring loses no episode
-        done = done.add_rewards(dict(environment.reward_funcs), mode="thread", progress=conn.show(opts["progress"]))
+        # one row per call, so that one environment's failing reward is that row's status only
+        done = done.add_rewards(dict(environment.reward_funcs), mode="thread", batch_size=1,
+                                progress=conn.show(opts["progress"]))
     keep(done)
     return done
 

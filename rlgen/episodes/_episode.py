@@ -166,10 +166,10 @@ class Episode:
         if callable(bind):  # a tool environment that parses with the server's own parser
             bind(call.sender.client)
         reply = await made.reset(record.data, prompt=[dict(m) for m in self.prompt])
-        record.env = made.obj  # a framework's own environment, made by now (some are made at reset)
         record.env_seconds += reply.seconds
-        if reply.status is not None:
+        if reply.status is not None:  # no environment started: none is kept to be scored
             return self.fail(reply)
+        record.env = made.obj  # a framework's own environment, made by now (some are made at reset)
         chat = self.prompt if reply.prompt is None else reply.prompt
         record.messages = [dict(m) for m in chat] + reply.messages
         record.n_prompt_messages = len(record.messages)

@@ -64,8 +64,11 @@ def _json_safe(value: Any) -> Any:
 def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int, tokenizer: Any = None,
                           model: str = "", sampling: dict[str, Any] | None = None,
                           run_record: dict[str, Any] | None = None,
-                          tools: Sequence[Mapping[str, Any]] | None = None) -> Episodes:
-    """An `Episodes` of `records` (prompt-major, as the runner fills them), one new run."""
+                          tools: Sequence[Mapping[str, Any]] | None = None,
+                          framework: bool = False) -> Episodes:
+    """An `Episodes` of `records` (prompt-major, as the runner fills them), one new run.
+    `framework`: the episodes ran another framework's environment, so each row keeps its
+    environment object (None where none was made) for reward functions that take `environments`."""
     import pandas as pd
 
     n, run = len(records), new_run_id()
@@ -109,7 +112,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
     meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas,
-             **({ENV_KEY: r.env} if r.env is not None else {})} for r in records]
+             **({ENV_KEY: r.env} if framework or r.env is not None else {})} for r in records]
     mask = np.array([m for r in records for m in r.loss_mask[r.prompt_len:]], dtype=np.bool_)
     return Episodes(**FlatRollouts(
         df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=row_offsets(p_len),
@@ -198,8 +201,9 @@ class Episodes(Rollouts):
     def _row_objects(self) -> dict[str, list[Any]]:
         """`environments`: each episode's framework environment object (TRL's reward functions take
         them), when the episodes ran one; kept in memory only (a parquet file drops them)."""
-        envs = [m.get(ENV_KEY) for m in self.meta_info]
-        return {"environments": envs} if any(e is not None for e in envs) else {}
+        if not any(ENV_KEY in m for m in self.meta_info):
+            return {}
+        return {"environments": [m.get(ENV_KEY) for m in self.meta_info]}
 
     @property
     def records(self) -> list[EpisodeRecord]:

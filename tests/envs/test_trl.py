@@ -243,3 +243,22 @@ def test_trls_increment_env_runs_unchanged_token_for_token_as_trl_would_train_it
             assert env_ids == _trl_suffix_ids(tok, tool_messages)
             compared += 1
     assert compared >= 4
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_reset_leaves_nothing_to_score_and_a_failing_get_reward_is_its_rows_status(
+        engine: rlgen.Engine) -> None:
+    class Picky(StartEnv):
+        def get_reward(self) -> float:
+            if self.target == 2:
+                raise ValueError("picky")
+            return super().get_reward()
+
+    rows = [{"start": 0, "target": 2}, {"start": 0, "target": 3}, {"target": 1}]
+    res = engine.episodes([CHAT] * 3, env=Picky, data=rows, max_new_tokens=2)
+    assert res.df.status.tolist()[2] == "env_error" and res.df.status.tolist()[0] != "env_error"
+    assert res.df.reward_Picky_status.tolist() == ["error", "ok", "none"]
+    assert "picky" in res.df.reward_Picky_error[0] and res.df.reward_Picky[1] == 0.0
+    failed = engine.episodes([CHAT] * 2, env=StartEnv, data=[{"target": 1}, {"target": 2}], max_new_tokens=2)
+    assert failed.df.status.tolist() == ["env_error", "env_error"]
+    assert failed.df.reward_StartEnv_status.tolist() == ["none", "none"]
