@@ -124,6 +124,21 @@ def test_a_tool_call_runs_the_episode_instance_method_and_answers_with_str_as_tr
     assert _step(ep, "Done.").done  # a turn without a call ends the episode
 
 
+def test_a_tool_answer_is_the_str_of_what_it_returned_not_its_json() -> None:
+    class Reporting(IncrementEnv):
+        def report(self, verbose: bool) -> dict:
+            """Report the counter.
+
+            Args:
+                verbose: Whether to say more.
+            """
+            return {"counter": self.counter, "done": verbose}
+
+    ep, _ = _episode(from_trl(Reporting))
+    reply = _step(ep, '<tool_call>{"name": "report", "arguments": {"verbose": true}}</tool_call>')
+    assert reply.messages[0]["content"] == "{'counter': 0, 'done': True}"
+
+
 def test_the_tool_schemas_are_what_trl_hands_the_chat_template() -> None:
     from transformers.utils import get_json_schema
 
@@ -147,6 +162,7 @@ def test_a_failing_tool_ends_the_episode_with_its_traceback_or_answers_as_trl_wi
     reply = _step(ep, CALL)
     assert reply.status == "tool_error" and "TypeError" in reply.error
     assert "self.counter += step" in reply.traceback
+    assert "rlgen" not in reply.traceback.split("\n")[1], "the traceback starts at rlgen's runner, not the tool"
     ep, _ = _episode(from_trl(StartEnv, on_tool_error="reply"), data={"start": "1", "target": 4})
     reply = _step(ep, CALL)
     assert reply.status is None and reply.tool_calls_failed == 1
@@ -243,6 +259,9 @@ def test_trls_increment_env_runs_unchanged_token_for_token_as_trl_would_train_it
             assert env_ids == _trl_suffix_ids(tok, tool_messages)
             compared += 1
     assert compared >= 4
+    # where a trainer would re-render the messages, the drift inspector says where the ids part
+    drifts = res.check_drift().df.drift
+    assert set(drifts.dropna()) <= {"same", "retokenized", "boundary"} and drifts.notna().all(), drifts.tolist()
 
 
 @pytest.mark.timeout(120)
