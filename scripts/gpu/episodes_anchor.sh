@@ -40,5 +40,5 @@ case "$PART" in
     anchor 1.7b "$model" 480 5 ;;
   *) echo "usage: bash scripts/gpu/episodes_anchor.sh small|large|sync" >&2; exit 2 ;;
 esac
-ps aux | grep -E "[s]glang.launch_server|[r]lgen.cpu_server" | head -5 > "$OUT/leftover-anchor-$PART.txt"
+ps aux | grep -E "[s]glang.launch_server" | head -5 > "$OUT/leftover-anchor-$PART.txt"
 echo "leftover server processes: $(wc -l < "$OUT/leftover-anchor-$PART.txt")"
