@@ -266,15 +266,16 @@ def _episodes_saved(tmp_path: Path, ratio: float, cached: float, own_pct: float,
     data = {"workload": {"describe": "test", "max_in_flight": 4}, "results": {
         "episodes": {"runs": [{"tok_s": ratio * (1000 + k), "seconds": 1.0, "tokens": 100, "details": details(k)}
                               for k in range(runs)], "error": None},
-        "generate": {"runs": [{"tok_s": 1000 + k, "seconds": 1.0, "tokens": 100} for k in range(runs)], "error": None}}}
+        "lockstep": {"runs": [{"tok_s": 1000 + k, "seconds": 1.0, "tokens": 100} for k in range(runs)], "error": None},
+        "generate": {"runs": [{"tok_s": 2000 + k, "seconds": 0.5, "tokens": 100} for k in range(runs)], "error": None}}}
     (tmp_path / "saved.json").write_text(json.dumps(data))
     return str(tmp_path / "saved.json")
 
 
 @pytest.mark.parametrize("ratio, cached, own_pct, status, verdicts", [
-    (0.9, 0.95, 1.0, "done", ["PASS", "PASS", "PASS"]),
+    (0.97, 0.95, 1.0, "done", ["PASS", "PASS", "PASS"]),
     (0.5, 0.5, 9.0, "done", ["FAIL", "FAIL", "FAIL"]),
-    (0.9, 0.95, 1.0, "max_turns", ["FAIL", "PASS", "PASS"]),  # episodes that did not end as built: wrong
+    (0.97, 0.95, 1.0, "max_turns", ["FAIL", "PASS", "PASS"]),  # episodes that did not end as built: wrong
 ])
 def test_episodes_bench_report_judges_the_three_targets(tmp_path: Path, capsys, ratio, cached, own_pct, status,
                                                          verdicts) -> None:
@@ -282,9 +283,11 @@ def test_episodes_bench_report_judges_the_three_targets(tmp_path: Path, capsys, 
     record = C.Record.load(_episodes_saved(tmp_path, ratio, cached, own_pct, status), out=str(tmp_path / "again.json"))
     eb.report(record)
     assert [t["verdict"] for t in record["targets"]] == verdicts
-    assert record["summary"]["ratio"] == pytest.approx(ratio)
+    assert record["summary"]["ratio"] == pytest.approx(ratio)  # the headline: episodes / lockstep
+    assert record["summary"]["ratio_to_generate"] == pytest.approx(ratio / 2, rel=1e-3)
     out = capsys.readouterr().out
-    assert "episodes / generate" in out and "rlgen_s is not in the records" in out
+    assert "episodes / lockstep" in out and "episodes / generate" in out and "lockstep / generate" in out
+    assert "rlgen_s is not in the records" in out
 
 
 @pytest.mark.slow
@@ -301,9 +304,14 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["complete"] and "error" not in data
-    episodes, single, generate = (data["results"][m] for m in ("episodes", "episodes-single", "generate"))
-    assert len(episodes["runs"]) == len(single["runs"]) == len(generate["runs"]) == 3
-    assert not episodes["error"] and not single["error"] and not generate["error"]
+    episodes, single, lock, generate = (data["results"][m] for m in ("episodes", "episodes-single", "lockstep",
+                                                                     "generate"))
+    assert len(episodes["runs"]) == len(single["runs"]) == len(lock["runs"]) == len(generate["runs"]) == 3
+    assert not episodes["error"] and not single["error"] and not lock["error"] and not generate["error"]
+    for run in lock["runs"]:  # one request of both episodes per turn, the same sampled tokens
+        assert run["tokens"] == 8 and run["details"]["request_sizes"] == [2, 2]
+    for run in episodes["runs"]:  # the batched turns: one request per turn here too
+        assert run["details"]["turn_requests"] == [[2], [2]] and run["details"]["requests"] == 2
     for run in episodes["runs"] + single["runs"]:
         d = run["details"]
         assert d["statuses"] == {"done": 2} and d["short_episodes"] == 0
@@ -316,7 +324,7 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     assert [t["target"].split(" ")[0] for t in data["targets"]] == ["episodes", "prefix-cache", "rlgen's"]
     assert all(t["interval"] is not None for t in data["targets"])  # three repeats: intervals to judge on
     assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
-    assert "targets" in done.stdout and "episodes / one generate" in done.stdout
+    assert "targets" in done.stdout and "episodes / the hand-written lockstep loop" in done.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ after EOS (ChatML's `\\n`, which the model never samples) are kept; `closing_ids
 append (mask 0) when a turn stopped on a stop string or on length. The check that the base render is
 a token prefix of the longer render, and `TemplateError` when it is not; `check_template`, whether a
 chat template compiles at all (what concerns every episode of a call, checked before it runs). `DeltaRenderer` renders the
-base once for many deltas (an episodes call asks for one per environment step).
+base once for many deltas (an episodes call asks for one per environment step), and renders messages
+it has rendered before only once (an environment that answers every episode the same way).
 
 Knows nothing about servers, HTTP, requests, sampling, rewards or the result object: it takes a
 Hugging Face tokenizer with a chat template and messages, and returns lists of ids.
@@ -146,14 +147,32 @@ def message_delta_ids(tokenizer: Any, new_messages: Messages, *,
     return DeltaRenderer(tokenizer, tools=tools)(new_messages)
 
 
+# The most distinct message lists a `DeltaRenderer` keeps the delta of (first come, first kept).
+DELTA_MEMO = 1024
+
+
+def _memo_key(messages: Messages) -> tuple[Any, ...] | None:
+    """A hashable key equal for equal messages whose values are all str, int, float, bool or None
+    (key order ignored, a value's type kept: True is not 1); None for any other message (not memoised)."""
+    key = []
+    for m in messages:
+        if not all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in m.items()):
+            return None
+        key.append(tuple(sorted((k, type(v).__name__, v) for k, v in m.items())))
+    return tuple(key)
+
+
 class DeltaRenderer:
     """`message_delta_ids` for many deltas of one tokenizer and one tool list: the base
-    conversation is rendered (and its cut found) once, so each delta costs one render, not two.
-    Knows nothing more than `message_delta_ids`; raises what it raises, the base's own
-    `TemplateError` already at construction."""
+    conversation is rendered (and its cut found) once, so each delta costs one render, not two;
+    and the delta of messages of plain values (str, numbers, None) it rendered before is given
+    again without a render (a fresh list each time; at most `DELTA_MEMO` kept). Knows nothing more
+    than `message_delta_ids`; raises what it raises, the base's own `TemplateError` already at
+    construction."""
 
     def __init__(self, tokenizer: Any, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.tokenizer, self.tools = tokenizer, tools
+        self._memo: dict[tuple[Any, ...], list[int]] = {}
         self.eos = eos_id(tokenizer)
         self.base = render_ids(tokenizer, BASE_MESSAGES, add_generation_prompt=False, tools=tools)
         self.cut = _last_index(self.base, self.eos) + 1
@@ -166,6 +185,15 @@ class DeltaRenderer:
     def __call__(self, new_messages: Messages) -> list[int]:
         if not new_messages:
             raise ValueError("message_delta_ids needs at least one new message")
+        key = _memo_key(new_messages)
+        if key is not None and key in self._memo:
+            return list(self._memo[key])
+        delta = self._render(new_messages)
+        if key is not None and len(self._memo) < DELTA_MEMO:
+            self._memo[key] = list(delta)
+        return delta
+
+    def _render(self, new_messages: Messages) -> list[int]:
         base, cut, tokenizer = self.base, self.cut, self.tokenizer
         full = render_ids(tokenizer, [*BASE_MESSAGES, *new_messages], add_generation_prompt=True, tools=self.tools)
         if full[:cut] != base[:cut]:

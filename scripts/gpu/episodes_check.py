@@ -177,7 +177,7 @@ def run_variant(eng: Any, name: str, chats: list[Any], answers: list[str], size:
         "turns": dict(Counter(int(t) for t in df["turns"])), "mean_turns": float(df["turns"].mean()),
         "sampled_tokens": int(df["sampled_tokens"].sum()),
         "episodes_with_tool_calls": sum(c > 0 for c in calls), "tool_calls": sum(calls),
-        "concurrency": {"max_in_flight": episodes, "peak_in_flight": log.peak, "requests": len(log.entries)},
+        "concurrency": {"max_in_flight": episodes, "peak_in_flight": log.peak, "requests": len(log.sizes)},
         "cached_share": {"mean": statistics.fmean(cached) if cached else None,
                          "median": statistics.median(cached) if cached else None, "episodes": len(cached)},
         "drift": {

@@ -195,3 +195,31 @@ def test_a_delta_renderer_renders_the_base_once_and_gives_the_same_deltas(tok: A
     assert len(renders) == 1 + len(news)
     with pytest.raises(ValueError, match="at least one new message"):
         deltas([])
+
+
+def test_a_delta_renderer_renders_messages_it_has_seen_once(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment that answers every episode alike ("Continue.") costs one render per call,
+    not one per episode and turn; a delta handed out is the caller's own list."""
+    from rlgen.episodes._template import DeltaRenderer
+
+    expected = message_delta_ids(tok, [msg(U, "Continue.")])
+    renders: list[int] = []
+    original = type(tok).apply_chat_template
+
+    def counted(self: Any, conversation: Any, *args: Any, **kwargs: Any) -> Any:
+        renders.append(len(conversation))
+        return original(self, conversation, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "apply_chat_template", counted)
+    deltas = DeltaRenderer(tok)
+    first = deltas([msg(U, "Continue.")])
+    first.append(-1)  # the caller's list: the kept delta is not changed
+    again = [deltas([{"content": "Continue.", "role": U}]) for _ in range(5)]  # key order does not matter
+    assert first[:-1] == expected and all(d == expected for d in again)
+    assert len(renders) == 2  # the base and one delta
+    renders.clear()
+    deltas([msg(U, "Other.")])
+    deltas([{"role": U, "content": "x", "name": None}, msg(U, "y")])
+    deltas([{"role": "tool", "content": "1", "extra": ["not", "plain"]}])  # not memoised, still rendered
+    deltas([{"role": "tool", "content": "1", "extra": ["not", "plain"]}])
+    assert len(renders) == 4

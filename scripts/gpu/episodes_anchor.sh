@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine: issue 36's anchor, rlgen's episodes against a hand-written lockstep loop of the
+# same turns (bench/episodes.py, methods episodes, lockstep and generate on one server, interleaved,
+# each run after /flush_cache), one part per call (each fits a call's 600 s with a fresh machine's
+# ~150 s first SGLang start); see ../shared/gpu/README.md for the bundle.
+#   bash scripts/gpu/episodes_anchor.sh small   # 135M ($RLGEN_TEST_MODEL), 7 repeats (~4-5 min fresh)
+#   bash scripts/gpu/episodes_anchor.sh large   # a random-weight 1.7B Llama (bench/make_checkpoint.py
+#                                               # --shape llama-1.7b, ~20 s on the GPU), 5 repeats (~6-8 min fresh)
+#   bash scripts/gpu/episodes_anchor.sh sync    # 135M with the environment a plain function (a thread per step)
+# Each part writes its JSON and text straight to $OUT, so a call cut by its time limit keeps what it had.
+# Extra arguments for bench/episodes.py (later ones win): e.g. a dry run of this script on a CPU
+# machine, RLGEN_EPISODES_ARGS="--backend cpu --quick --repeats 2" (with OUT and RLGEN_TEST_MODEL set;
+# RLGEN_ANCHOR_LARGE_MODEL names a checkpoint to use instead of building the 1.7B one).
+source "$(dirname "$0")/common.sh"
+export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
+PART=${1:-small}
+read -r -a EXTRA <<< "${RLGEN_EPISODES_ARGS:-}"
+METHODS=episodes,lockstep,generate
+
+anchor() {  # anchor NAME MODEL LIMIT_S REPEATS [bench flags...]
+  local name=$1 model=$2 limit=$3 repeats=$4; shift 4
+  local t0=$SECONDS
+  timeout "$limit" python3 bench/episodes.py --backend sglang --model "$model" --methods "$METHODS" \
+    --repeats "$repeats" --out "$OUT/episodes_anchor-$name.json" "$@" "${EXTRA[@]}" \
+    > "$OUT/episodes_anchor-$name.txt" 2>&1
+  echo "anchor $name: exit $? in $((SECONDS - t0)) s"; tail -14 "$OUT/episodes_anchor-$name.txt"
+}
+
+python3 bench/_common.py --for "bash scripts/gpu/episodes_anchor.sh $PART" > "$OUT/environment-anchor-$PART.json"
+case "$PART" in
+  small) anchor 0.135b "$RLGEN_TEST_MODEL" 450 7 ;;
+  sync) anchor 0.135b-sync "$RLGEN_TEST_MODEL" 450 7 --sync-env ;;
+  large)
+    model=${RLGEN_ANCHOR_LARGE_MODEL:-/tmp/ckpt/llama-1.7b}
+    if [ ! -d "$model" ]; then
+      mkdir -p /tmp/ckpt; t0=$SECONDS
+      python3 bench/make_checkpoint.py --shape llama-1.7b --out "$model" --device cuda > "$OUT/make-llama-1.7b.txt" 2>&1
+      echo "checkpoint llama-1.7b: exit $? in $((SECONDS - t0)) s"
+    fi
+    anchor 1.7b "$model" 480 5 ;;
+  *) echo "usage: bash scripts/gpu/episodes_anchor.sh small|large|sync" >&2; exit 2 ;;
+esac
+ps aux | grep -E "[s]glang.launch_server" | head -5 > "$OUT/leftover-anchor-$PART.txt"
+echo "leftover server processes: $(wc -l < "$OUT/leftover-anchor-$PART.txt")"
