@@ -234,7 +234,9 @@ def test_on_tool_error_reply_sends_verls_wording_back_and_goes_on() -> None:
     assert reply.status is None
     assert reply.messages == [{"role": "tool", "content": "Error executing tool 'calc_gsm8k_reward': cannot check '72'"},
                               {"role": "tool", "content": '{"temperature_c": 17.3, "condition": "drizzle"}'}]
-    assert reply.reward == 0.0 and reply.tool_calls_failed == 1  # verl counts 0.0 for a failed call
+    assert reply.reward == 0.0 and reply.tool_calls_failed == 1
+    _, alone = step(env, call("calc_gsm8k_reward", answer="72"))
+    assert alone.reward == 0.0 and alone.status is None  # verl's tool_rewards get 0.0 for a failed call
 
 
 def test_a_tool_call_inside_think_is_not_executed() -> None:
