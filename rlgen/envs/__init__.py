@@ -1,4 +1,4 @@
-"""Environments written for other frameworks, run unchanged by `Engine.episodes`: TRL, SkyRL-gym.
+"""Environments written for other frameworks, run unchanged by `Engine.episodes`: TRL, SkyRL-gym, verl's tools.
 
 Owns the adapters: each takes what a framework's users write (their class, their tools, their
 loaded environment) and gives the `rlgen.episodes.Environment` the episode runner drives, token in
@@ -7,6 +7,8 @@ and token out, with the framework's own rewards as reward columns and its failur
 - `from_trl(EnvClass, reward_funcs=...)`: TRL's `environment_factory` classes (`reset(**row)`,
   `get_reward()`, public methods as tools);
 - `from_skyrl(EnvClass, env_config=...)`: SkyRL-gym's `BaseTextEnv` (`init`, `step(text)`, `close`);
+- `from_verl(tools, tool_config_path=..., compute_score=...)`: verl's `BaseTool`s and `@function_tool`s
+  (create/execute/release per call, step rewards);
 - `adapt(env)`: what `Engine.episodes` calls on `env=`, recognising those shapes.
 
 What each maps to what, and what is not supported: `docs/environments.md`. Knows nothing about
@@ -23,5 +25,6 @@ from __future__ import annotations
 from ._detect import adapt
 from ._skyrl import from_skyrl
 from ._trl import from_trl
+from ._verl import from_verl
 
-__all__ = ["adapt", "from_skyrl", "from_trl"]
+__all__ = ["adapt", "from_skyrl", "from_trl", "from_verl"]

@@ -4,7 +4,9 @@ Owns `adapt(env)`: an environment of another framework's shape made into the `En
 adapter builds with default options (`from_trl`, `from_skyrl`, ...); anything else is returned
 unchanged, for `rlgen.episodes.as_environment` to take or refuse. The shapes are told apart without
 importing the frameworks: a SkyRL-gym `BaseTextEnv` subclass (by its classes' names and modules),
-a TRL environment class (`reset` and no `step`; rlgen's own classes have `step`) or a dict of them.
+a TRL environment class (`reset` and no `step`; rlgen's own classes have `step`) or a dict of them,
+verl's tools (a `BaseTool` instance, a `FunctionTool`, or a list of them and of `@function_tool`
+functions, these found in verl's registry when verl is already imported).
 An adapter's options (reward functions, the tool-call parser, what a failing tool does) need the
 adapter itself: `env=rlgen.envs.from_trl(MyEnv, reward_funcs=[...])`.
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from ._skyrl import from_skyrl, looks_like_skyrl
 from ._trl import from_trl, looks_like_trl
+from ._verl import from_verl, looks_like_verl
 
 __all__ = ["adapt"]
 
@@ -27,4 +30,6 @@ def adapt(env: Any) -> Any:
         return from_skyrl(env)
     if looks_like_trl(env):
         return from_trl(env)
+    if looks_like_verl(env):
+        return from_verl(env)
     return env
