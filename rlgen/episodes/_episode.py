@@ -45,7 +45,7 @@ from ..core._errors import RequestError
 from ._coalesce import TurnBatcher
 from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
-from ._template import DeltaRenderer, closing_ids, eos_id, first_prompt_ids
+from ._template import DELTA_MEMO, DeltaRenderer, closing_ids, eos_id, first_prompt_ids, memo_key
 
 __all__ = ["Episode", "EpisodeCall", "TurnSender"]
 
@@ -110,6 +110,7 @@ class EpisodeCall:
         self.max_turns, self.max_new_tokens, self.context_length = max_turns, max_new_tokens, context_length
         self.eos = eos_id(tokenizer)
         self._renderer: DeltaRenderer | None = None
+        self._first: dict[tuple[Any, ...], list[int]] = {}
 
     def fits(self, n_ids: int) -> bool:
         """Whether a request of `n_ids` ids, plus `max_new_tokens`, fits the model's context."""
@@ -118,6 +119,17 @@ class EpisodeCall:
     def too_long(self, n_ids: int) -> str:
         return (f"{n_ids} ids + max_new_tokens {self.max_new_tokens} would not fit the model's context of "
                 f"{self.context_length} tokens")
+
+    def first_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The first request's ids of a chat; rendered once per distinct chat of plain values with
+        the call's tools (the n episodes of a prompt share one render), a fresh list each time."""
+        key = memo_key(messages) if tools is self.environment.tools else None
+        if key is not None and key in self._first:
+            return list(self._first[key])
+        ids = first_prompt_ids(self.tokenizer, messages, tools=tools)
+        if key is not None and len(self._first) < DELTA_MEMO:
+            self._first[key] = list(ids)
+        return ids
 
     def delta_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         if self._renderer is None:
@@ -176,7 +188,7 @@ class Episode:
         t = time.perf_counter()
         try:
             tools = made.tool_schemas if made.tool_schemas is not None else call.environment.tools
-            first = first_prompt_ids(call.tokenizer, record.messages, tools=tools)
+            first = call.first_ids(record.messages, tools)
         except Exception as e:  # a chat the template refuses (raise_exception, a TemplateError)
             return self.end("template_error", f"{type(e).__name__}: {e}")
         record.prompt_len = len(first)

@@ -30,8 +30,8 @@ from typing import Any
 
 from ..core._errors import RlgenError
 
-__all__ = ["BASE_MESSAGES", "DeltaRenderer", "TemplateError", "check_template", "closing_ids", "eos_id",
-           "first_prompt_ids", "message_delta_ids", "render_ids", "template_name"]
+__all__ = ["BASE_MESSAGES", "DELTA_MEMO", "DeltaRenderer", "TemplateError", "check_template", "closing_ids", "eos_id",
+           "first_prompt_ids", "memo_key", "message_delta_ids", "render_ids", "template_name"]
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -151,7 +151,7 @@ def message_delta_ids(tokenizer: Any, new_messages: Messages, *,
 DELTA_MEMO = 1024
 
 
-def _memo_key(messages: Messages) -> tuple[Any, ...] | None:
+def memo_key(messages: Messages) -> tuple[Any, ...] | None:
     """A hashable key equal for equal messages whose values are all str, int, float, bool or None
     (key order ignored, a value's type kept: True is not 1); None for any other message (not memoised)."""
     key = []
@@ -185,7 +185,7 @@ class DeltaRenderer:
     def __call__(self, new_messages: Messages) -> list[int]:
         if not new_messages:
             raise ValueError("message_delta_ids needs at least one new message")
-        key = _memo_key(new_messages)
+        key = memo_key(new_messages)
         if key is not None and key in self._memo:
             return list(self._memo[key])
         delta = self._render(new_messages)

@@ -223,3 +223,26 @@ def test_a_delta_renderer_renders_messages_it_has_seen_once(tok: Any, monkeypatc
     deltas([{"role": "tool", "content": "1", "extra": ["not", "plain"]}])  # not memoised, still rendered
     deltas([{"role": "tool", "content": "1", "extra": ["not", "plain"]}])
     assert len(renders) == 4
+
+
+def test_the_episodes_of_one_prompt_share_one_render_of_its_first_request(tok: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlgen.episodes import _episode
+    from rlgen.episodes._env import as_environment
+
+    renders: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> list[int]:
+        renders.append(1)
+        return first_prompt_ids(*args, **kwargs)
+
+    monkeypatch.setattr(_episode, "first_prompt_ids", counted)
+    call = _episode.EpisodeCall(tok, as_environment(lambda messages: "done"), None,  # type: ignore[arg-type]
+                                max_turns=1, max_new_tokens=1, context_length=None)
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    first = call.first_ids(chat, None)
+    assert first == first_prompt_ids(tok, chat)
+    first.append(-1)  # a caller's list is its own
+    assert call.first_ids([dict(m) for m in chat], None) == first_prompt_ids(tok, chat)
+    assert call.first_ids([{"role": "user", "content": "What is 3+3?"}], None) != first[:-1]
+    assert len(renders) == 2
