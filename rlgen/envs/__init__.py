@@ -7,6 +7,8 @@ and token out, with the framework's own rewards as reward columns and its failur
 - `from_trl(EnvClass, reward_funcs=...)`: TRL's `environment_factory` classes (`reset(**row)`,
   `get_reward()`, public methods as tools);
 - `from_skyrl(EnvClass, env_config=...)`: SkyRL-gym's `BaseTextEnv` (`init`, `step(text)`, `close`);
+- `from_verifiers(vf_env)`: a verifiers v0 environment instance, its own rollout loop with rlgen as
+  its model client (`vf.Client`), the rubric's reward and metrics as reward columns;
 - `adapt(env)`: what `Engine.episodes` calls on `env=`, recognising those shapes.
 
 What each maps to what, and what is not supported: `docs/environments.md`. Knows nothing about
@@ -23,5 +25,6 @@ from __future__ import annotations
 from ._detect import adapt
 from ._skyrl import from_skyrl
 from ._trl import from_trl
+from ._verifiers import from_verifiers
 
-__all__ = ["adapt", "from_skyrl", "from_trl"]
+__all__ = ["adapt", "from_skyrl", "from_trl", "from_verifiers"]

@@ -1,10 +1,11 @@
 """Recognising an environment written for another framework, so `Engine.episodes(env=...)` takes it as it is.
 
 Owns `adapt(env)`: an environment of another framework's shape made into the `Environment` its
-adapter builds with default options (`from_trl`, `from_skyrl`, ...); anything else is returned
-unchanged, for `rlgen.episodes.as_environment` to take or refuse. The shapes are told apart without
-importing the frameworks: a SkyRL-gym `BaseTextEnv` subclass (by its classes' names and modules),
-a TRL environment class (`reset` and no `step`; rlgen's own classes have `step`) or a dict of them.
+adapter builds with default options (`from_trl`, `from_skyrl`, `from_verifiers`, ...); anything else
+is returned unchanged, for `rlgen.episodes.as_environment` to take or refuse. The shapes are told
+apart without importing the frameworks: a verifiers v0 `Environment` instance and a SkyRL-gym
+`BaseTextEnv` subclass (by their classes' names and modules), a TRL environment class (`reset` and
+no `step`; rlgen's own classes have `step`) or a dict of them.
 An adapter's options (reward functions, the tool-call parser, what a failing tool does) need the
 adapter itself: `env=rlgen.envs.from_trl(MyEnv, reward_funcs=[...])`.
 
@@ -17,12 +18,15 @@ from typing import Any
 
 from ._skyrl import from_skyrl, looks_like_skyrl
 from ._trl import from_trl, looks_like_trl
+from ._verifiers import from_verifiers, looks_like_verifiers
 
 __all__ = ["adapt"]
 
 
 def adapt(env: Any) -> Any:
     """`env` made into its framework adapter's `Environment` when it has a framework's shape, else `env`."""
+    if looks_like_verifiers(env):
+        return from_verifiers(env)
     if looks_like_skyrl(env):
         return from_skyrl(env)
     if looks_like_trl(env):
