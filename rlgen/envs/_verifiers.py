@@ -328,7 +328,7 @@ class _Rollout:
                     prompt_tokens=int(read.prompt_tokens or len(prompt_ids)), latency_s=latency, rid=read.rid,
                     weight_version=read.weight_version, matched_stop=read.matched_stop)
         self.turns.append(turn)
-        self.turn = k
+        self.turn, self.returned_at = k, time.perf_counter()
         record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=k)
         content, reasoning, calls = await self._read_calls(text)
         finish = "tool_calls" if calls else "length" if read.finish == "length" else "stop"
@@ -413,7 +413,8 @@ def _error_end(error: Any) -> _Stop:
     status = ("bad_tool_call" if "ToolParseError" in names else "tool_error" if "ToolCallError" in names
               else "context_limit" if "OverlongPromptError" in names else "request_error" if "ModelError" in names
               else "env_error")
-    text, cause = f"{type(error).__name__}: {error}", error.__cause__ or error.__context__
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    cause = error.__cause__ or error.__context__
     while cause is not None:
         text += f" (from {type(cause).__name__}: {cause})"
         cause = cause.__cause__ or cause.__context__
