@@ -282,10 +282,16 @@ def test_tool_errors_malformed_calls_and_max_turns_of_verifiers(tok: Any) -> Non
     def reply(text: str) -> str:
         if "malformed" in text:
             return '<tool_call>{"name": "lookup", "arguments": {"n": 1</tool_call>'
+        if "Think" in text:
+            return '<think><tool_call>{"name": "lookup", "arguments": {"n": 3}}</tool_call></think>I will not look.'
         return '<tool_call>{"name": "lookup", "arguments": {"n": 7}}</tool_call>'
 
-    records, _ = run(tok, env, ["Look up 7.", "A malformed call."], reply)
-    failing, malformed = records
+    records, _ = run(tok, env, ["Look up 7.", "A malformed call.", "Think first."], reply)
+    failing, malformed, thought = records
+    # a call written inside <think> is not read, so never run
+    assert thought.status == "done" and thought.turns[-1]["info"] == {
+        "calls_in_think": 1, "stop_condition": "no_tools_called"}, thought.turns
+    assert thought.env["trajectory"][0]["completion"][0].content == "I will not look."
     assert failing.status == "tool_error" and ran == [7], failing
     assert failing.error == "ToolCallError (from ValueError: no entry for 7)"
     assert malformed.status == "bad_tool_call" and "malformed tool call" in (malformed.error or "")
