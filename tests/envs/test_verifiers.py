@@ -253,6 +253,7 @@ def test_each_way_an_episode_ends_is_its_own_status_and_the_others_go_on(tok: An
     ok = by["ok", 0]
     assert ok.error is None and len(ok.assistant_turns) == 2 and ok.turns[-1]["role"] == "env"
     assert ok.turns[-1]["text"] == "Go on." and ok.turns[-1]["tokens"] == 0  # the reply after the last turn: not sent
+    assert ok.env["stop_condition"] == "max_turns_reached" and not ok.env["prompt_too_long"]  # rlgen's max_turns
     assert by["final", 0].turns[-1]["info"] == {"stop_condition": "has_final_env_response"}
     # each failure is on the env turn that failed; the rubric scored every rollout that returned a state
     assert boom.turns[-1]["role"] == "env" and boom.turns[-1]["status"] == "env_error"
