@@ -9,6 +9,8 @@ and token out, with the framework's own rewards as reward columns and its failur
 - `from_skyrl(EnvClass, env_config=...)`: SkyRL-gym's `BaseTextEnv` (`init`, `step(text)`, `close`);
 - `from_verl(tools, tool_config_path=..., compute_score=...)`: verl's `BaseTool`s and `@function_tool`s
   (create/execute/release per call, step rewards);
+- `from_verifiers(vf_env)`: a verifiers v0 environment instance, its own rollout loop with rlgen as
+  its model client (`vf.Client`), the rubric's reward and metrics as reward columns;
 - `adapt(env)`: what `Engine.episodes` calls on `env=`, recognising those shapes.
 
 What each maps to what, and what is not supported: `docs/environments.md`. Knows nothing about
@@ -25,6 +27,7 @@ from __future__ import annotations
 from ._detect import adapt
 from ._skyrl import from_skyrl
 from ._trl import from_trl
+from ._verifiers import from_verifiers
 from ._verl import from_verl
 
-__all__ = ["adapt", "from_skyrl", "from_trl", "from_verl"]
+__all__ = ["adapt", "from_skyrl", "from_trl", "from_verifiers", "from_verl"]

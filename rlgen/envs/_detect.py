@@ -1,6 +1,7 @@
 """Recognising an environment written for another framework, so `Engine.episodes(env=...)` takes it as it is.
 
 Owns `adapt(env)`: an environment of another framework's shape made into the `Environment` its
+from ._verifiers import from_verifiers, looks_like_verifiers
 adapter builds with default options (`from_trl`, `from_skyrl`, ...); anything else is returned
 unchanged, for `rlgen.episodes.as_environment` to take or refuse. The shapes are told apart without
 importing the frameworks: a SkyRL-gym `BaseTextEnv` subclass (by its classes' names and modules),
@@ -19,6 +20,7 @@ from typing import Any
 
 from ._skyrl import from_skyrl, looks_like_skyrl
 from ._trl import from_trl, looks_like_trl
+from ._verifiers import from_verifiers, looks_like_verifiers
 from ._verl import from_verl, looks_like_verl
 
 __all__ = ["adapt"]
@@ -26,6 +28,8 @@ __all__ = ["adapt"]
 
 def adapt(env: Any) -> Any:
     """`env` made into its framework adapter's `Environment` when it has a framework's shape, else `env`."""
+    if looks_like_verifiers(env):
+        return from_verifiers(env)
     if looks_like_skyrl(env):
         return from_skyrl(env)
     if looks_like_trl(env):
