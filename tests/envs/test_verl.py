@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -409,7 +410,7 @@ VALID = {"done", "max_turns", "context_limit", "bad_tool_call", "tool_error", "t
 
 @pytest.fixture(scope="module")
 def engine(model_path: str):
-    eng = rlgen.Engine(model_path, backend="cpu", progress=False)
+    eng = rlgen.Engine(model_path, backend=os.environ.get("RLGEN_TEST_BACKEND", "cpu"), progress=False)
     yield eng
     eng.close()
 
