@@ -13,6 +13,8 @@ at 1,400 x 900, and writes PNGs of each output plus the measured widths (JSON):
 tool that works, a tool that fails; `check_drift()`), shows them and `browse()`s them; its files are
 named `lab-episodes-*`. `--notebook runlog` opens a copy of notebook 08's recorded log, draws its
 trend, re-scores and diffs it, and shows the log browser and the diff's browser (`lab-runlog-*`).
+`--notebook envs` runs a TRL environment class with a failing tool and SkyRL-gym's GSM8K
+environment (one row without a ground truth) unchanged, and browses the failed episodes (`lab-envs-*`).
 
 1. trusted: the notebook is opened in JupyterLab and run there (Run > Run All Cells);
 2. untrusted: the same notebook executed by nbconvert first, then opened (JupyterLab does not
@@ -106,8 +108,45 @@ d''',
     "b = run.browse(step=20)\nb",
     "d.browse(top=12)",
 ]
-NOTEBOOKS = {"view": CELLS, "episodes": EPISODE_CELLS, "runlog": RUN_LOG_CELLS}
-OUTPUTS = {"view": 3, "episodes": 2, "runlog": 5}  # outputs to wait for in the live run
+ENV_CELLS = [
+    "import rlgen\nfrom skyrl_gym.envs.gsm8k.multi_turn_env import GSM8kMultiTurnEnv\neng = rlgen.Engine(progress=False)",
+    '''class CounterEnv:  # a TRL environment_factory class, with a bug: a quoted start from the row
+    def reset(self, **row) -> str | None:
+        self.counter, self.target = row["start"], row["target"]
+        return f"The counter is {self.counter}. Increment it to {self.target}."
+
+    def get_reward(self) -> float:
+        return float(self.counter == self.target)
+
+    def increment(self, step: int) -> int:
+        """Increment the counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.counter += step
+        return self.counter
+
+SYSTEM = ('You can call the tool increment. To use it, write <tool_call>{"name": "increment", '
+          '"arguments": {"step": ...}}</tool_call> and wait for the result.')
+DEMO = [{"role": "user", "content": "Increment the counter by 2."},
+        {"role": "assistant", "content": '<tool_call>{"name": "increment", "arguments": {"step": 2}}</tool_call>'},
+        {"role": "tool", "name": "increment", "content": "2"}, {"role": "assistant", "content": "Done."}]
+rows = [{"start": 0, "target": 2}, {"start": "1", "target": 3}, {"start": 2, "target": 5}, {"start": "0", "target": 4}]
+chats = [[{"role": "system", "content": SYSTEM}, *DEMO, {"role": "user", "content": ""}] for _ in rows]
+res = eng.episodes(chats, env=CounterEnv, data=rows, n=2, max_turns=3, max_new_tokens=40, temperature=0.7,
+                   stop=["</tool_call>"], sampling_seed=0)
+res''',
+    "b = res.browse()\nb.status = 'tool_error'\nb",
+    '''question = [{"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. "
+              "How many in all? End with '#### ANSWER'."}]
+gsm = eng.episodes([question] * 2, env=GSM8kMultiTurnEnv, n=2, max_turns=3, max_new_tokens=48, sampling_seed=0,
+                   data=[{"reward_spec": {"ground_truth": "72"}, "extra_info": {"max_turns": 3}},
+                         {"reward_spec": {}, "extra_info": {}}])
+gsm''',
+]
+NOTEBOOKS = {"view": CELLS, "episodes": EPISODE_CELLS, "runlog": RUN_LOG_CELLS, "envs": ENV_CELLS}
+OUTPUTS = {"view": 3, "episodes": 2, "runlog": 5, "envs": 3}  # outputs to wait for in the live run
 
 
 def notebook(cells: list[str] = CELLS) -> dict:

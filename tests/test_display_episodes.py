@@ -334,3 +334,14 @@ def test_the_browser_controls_open_on_a_status_set_from_code(res: Episodes) -> N
     b.status = "max_turns"
     status = b.widget().children[0].children[0]
     assert status.value == "max_turns" and b.matching().tolist() == [1]
+
+
+def test_an_environment_steps_own_reward_shows_on_its_turn_also_when_it_sent_nothing(tok: Any) -> None:
+    said = [msg(U, "What is 2+3?"), msg(A, "4"), msg(U, "Try again."), msg(A, "5")]
+    meta = [assistant_turn(0, len(sampled(tok, "4"))), {**env_turn(0, 12, text="Try again."), "reward": 0.25},
+            assistant_turn(1, len(sampled(tok, "5"))), {**env_turn(1, 0, done=True), "reward": 1.0}]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    one = episodes_from_records([record(tok, 0, 0, said, status="done", meta=meta)], pad_token_id=pad, tokenizer=tok)
+    page = rollouts_html(one)
+    assert "step reward 0.25" in page and "step reward 1" in page
+    assert one.df.step_rewards[0] == [0.25, 1.0]

@@ -543,7 +543,7 @@ def _env_block(turn: int, n_tokens: int, tokens_html: str, env_messages: list[li
     text, role = _env_label(messages, meta)
     title = (f"after assistant turn {turn + 1}: the environment's message" + ("s" if len(messages) != 1 else "")
              + f" ({n_tokens} tokens, loss_mask 0: not sampled, not trained on)")
-    head = _label(text, role, title) + _calls_html(meta, messages)
+    head = _label(text, role, title) + _calls_html(meta, messages) + _step_reward_html(meta)
     return f'<div style="{_TURN.format(_ROLE_COLOURS.get(role, "#777"))};{_ENV_BLOCK}">{head}{tokens_html}</div>'
 
 
@@ -553,7 +553,8 @@ def _env_after_blocks(env: list[dict[str, Any]], env_messages: list[list[dict[st
     out = []
     sent = {s.turn for s in segs if s.kind == "env" and s.end - s.start > s.closing}
     for k, turn in enumerate(env):
-        if k in sent or not (turn.get("calls") or turn.get("text") or turn.get("status")):
+        if k in sent or not (turn.get("calls") or turn.get("text") or turn.get("status")
+                             or turn.get("reward") is not None):
             continue
         messages = env_messages[k] if k < len(env_messages) else []
         text, role = _env_label(messages, turn)
@@ -563,8 +564,17 @@ def _env_after_blocks(env: list[dict[str, Any]], env_messages: list[list[dict[st
         title = (f"after assistant turn {k + 1}: the environment's reply, not sent to the model (no tokens): "
                  "the episode ended")
         out.append(f'<div style="{_TURN.format(_ROLE_COLOURS.get(role, "#777"))};{_ENV_BLOCK}">'
-                   f'{_label(f"{text} · not sent", role, title)}{calls}{said_html}</div>')
+                   f'{_label(f"{text} · not sent", role, title)}{calls}{_step_reward_html(turn)}{said_html}</div>')
     return out
+
+
+def _step_reward_html(turn: dict[str, Any] | None) -> str:
+    """An environment step's own reward (SkyRL's step, a verl tool's), when it gave one."""
+    reward = (turn or {}).get("reward")
+    if reward is None:
+        return ""
+    return (f'<span style="color:#555;border:1px solid #bbb;border-radius:3px;padding:0 3px;margin-right:4px;'
+            f'font-size:90%" title="the environment\'s reward for this step">step reward {float(reward):.3g}</span>')
 
 
 def _ended(row: Any) -> str:
