@@ -345,3 +345,15 @@ def test_an_environment_steps_own_reward_shows_on_its_turn_also_when_it_sent_not
     page = rollouts_html(one)
     assert "step reward 0.25" in page and "step reward 1" in page
     assert one.df.step_rewards[0] == [0.25, 1.0]
+
+
+def test_a_call_the_parser_could_not_read_shows_as_unreadable_with_its_parser_and_error(tok: Any) -> None:
+    said = [msg(U, "Add 2 and 3."), msg(A, '<tool_call>{"name": "add"</tool_call>')]
+    bad = {"name": None, "arguments": None, "status": "bad_tool_call", "parser": "server:hermes",
+           "error": "malformed tool call: bad JSON"}
+    meta = [assistant_turn(0, len(sampled(tok, said[1]["content"]))), env_turn(0, 0, calls=[bad], status="bad_tool_call")]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    page = rollouts_html(episodes_from_records([record(tok, 0, 0, said, status="bad_tool_call", meta=meta)],
+                                               pad_token_id=pad, tokenizer=tok))
+    assert "unreadable call ✗ bad_tool_call" in page and "None(" not in page
+    assert html.escape("the server:hermes parser could not read") in page and "bad JSON" in page

@@ -352,8 +352,10 @@ def _calls_html(turn: dict[str, Any] | None, messages: list[dict[str, Any]]) -> 
         status = str(call.get("status") or "ok")
         args = _arguments_text(call.get("arguments"))
         result = results[k] if len(results) == len(calls) else None
-        shown = f"{call.get('name')}({clip_text(args, 60)})"
-        title = f"tool call {call.get('name')}({args}): {status}"
+        if call.get("name") is None:  # a call the parser could not read: kept as data, with its parser
+            shown, title = "unreadable call", f"a tool call the {call.get('parser') or 'tool-call'} parser could not read"
+        else:
+            shown, title = f"{call.get('name')}({clip_text(args, 60)})", f"tool call {call.get('name')}({args}): {status}"
         if status == "ok":
             shown += f" → {clip_text(result, 40)}" if result is not None else ""
             colour = "#3b2f8f;border:1px solid #6a5acd"
