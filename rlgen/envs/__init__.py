@@ -1,4 +1,4 @@
-"""Environments written for other frameworks, run unchanged by `Engine.episodes`: TRL, SkyRL-gym, verl's tools.
+"""Environments written for other frameworks, run unchanged by `Engine.episodes`: TRL, SkyRL-gym, verl tools, verifiers.
 
 Owns the adapters: each takes what a framework's users write (their class, their tools, their
 loaded environment) and gives the `rlgen.episodes.Environment` the episode runner drives, token in
