@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core._options import check_seconds
-from ..episodes._env import Environment, EnvReply, EpisodeEnv, normalise_return
+from ..episodes._env import Environment, EnvReply, EpisodeEnv, failure_reply, normalise_return
 from ..episodes._tools import Ran, run_contained
 
 __all__ = ["from_skyrl", "looks_like_skyrl"]
@@ -47,13 +47,8 @@ class _SkyRLEpisode(EpisodeEnv):
         self.cls, self.env_config, self.timeout = cls, env_config, timeout
 
     def _failed(self, ran: Ran, what: str) -> EnvReply | None:
-        if ran.timed_out:
-            return EnvReply(status="env_timeout", seconds=ran.seconds,
-                            error=f"TimeoutError: {what} did not finish within {self.timeout:g} s (env_timeout=)")
-        if ran.error is not None:
-            return EnvReply(status="env_error", error=f"{ran.error_text} ({what})", traceback=ran.traceback,
-                            seconds=ran.seconds)
-        return None
+        return failure_reply(ran, note=f" ({what})",
+                             timed_out=f"{what} did not finish within {self.timeout:g} s (env_timeout=)")
 
     async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
         extras = dict(data) if isinstance(data, Mapping) else {}

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..core._options import check_seconds
-from ..episodes._env import Environment, EnvReply, ToolEnv
+from ..episodes._env import Environment, EnvReply, ToolEnv, failure_reply
 from ..episodes._tool_calls import ToolCall, ToolCallParser
 from ..episodes._tools import ToolResult, run_contained, tools_from
 
@@ -78,11 +78,9 @@ class _TRLEpisode(ToolEnv):
         row.setdefault("prompt", [dict(m) for m in chat])  # its own copy: the chat is rebuilt below
         what = f"{type(self.obj).__name__}.reset"
         ran = await run_contained(lambda: _text_or_none(self.obj.reset(**row), what), timeout=self.timeout)
-        if ran.timed_out:
-            return EnvReply(status="env_timeout", seconds=ran.seconds,
-                            error=f"TimeoutError: {what} did not finish within {self.timeout:g} s (timeout=)")
-        if ran.error is not None:
-            return EnvReply(status="env_error", error=ran.error_text, traceback=ran.traceback, seconds=ran.seconds)
+        failed = failure_reply(ran, timed_out=f"{what} did not finish within {self.timeout:g} s (timeout=)")
+        if failed is not None:
+            return failed
         if ran.value is not None and chat:
             chat[-1] = {**chat[-1], "content": str(chat[-1].get("content") or "") + ran.value}
         return EnvReply(prompt=chat, seconds=ran.seconds)
@@ -208,12 +206,10 @@ class _TRLRow(_TRLEpisode):
         make = self.factories[key]
         what = f"environment_factory[{key!r}]" if routed else _name(make)
         ran = await run_contained(make, timeout=self.timeout)
-        if ran.timed_out:
-            return EnvReply(status="env_timeout", seconds=ran.seconds,
-                            error=f"TimeoutError: {what}() did not finish within {self.timeout:g} s")
-        if ran.error is not None:
-            return EnvReply(status="env_error", traceback=ran.traceback, seconds=ran.seconds,
-                            error=f"{ran.error_text} (making the episode's environment, {what}())")
+        failed = failure_reply(ran, timed_out=f"{what}() did not finish within {self.timeout:g} s",
+                               note=f" (making the episode's environment, {what}())")
+        if failed is not None:
+            return failed
         client = self._client
         _TRLEpisode.__init__(self, ran.value, **self.options)
         if client is not None:

@@ -12,7 +12,8 @@ owns the loop), with rlgen plugged in as its model client (read from verifiers 0
   its `cleanup` per state;
 - the client (a `vf.Client` subclass, made when first used: verifiers is imported only then)
   answers `get_response(prompt, model, sampling_args, tools, state=...)` token in, token out: the
-  first call of a rollout renders its messages and tools once (`first_prompt_ids`); each later call
+  first call of a rollout renders its messages and tools once (`EpisodeCall.first_ids`, one render
+  for the n rollouts of a prompt); each later call
   checks that the history verifiers passes is the one already sent, and appends only the template
   delta of the messages that are new (`EpisodeCall.delta_ids`), after a closing EOS where the last
   turn did not sample one: the history's ids are the ids sampled, never re-tokenized. The turn is
@@ -66,7 +67,7 @@ from ..episodes._env import Environment
 from ..episodes._episode import EpisodeCall
 from ..episodes._result import EpisodeRecord, Turn
 from ..episodes._runner import LoopCall
-from ..episodes._template import closing_ids, first_prompt_ids
+from ..episodes._template import closing_ids
 from ..episodes._tool_calls import ParsedTurn, outside_think, parse_hermes, parse_with_server
 
 __all__ = ["from_verifiers", "looks_like_verifiers"]
@@ -236,7 +237,7 @@ class _Rollout:
         record.n_prompt_messages = len(record.messages)
         self.tools = _schemas(tools) if tools is not None else call.environment.tools
         try:
-            first = first_prompt_ids(call.tokenizer, record.messages, tools=self.tools)
+            first = call.first_ids(record.messages, self.tools)
         except Exception as e:  # a chat the template refuses
             raise _Stop("template_error", f"{type(e).__name__}: {e}") from e
         record.prompt_len = len(first)
@@ -328,7 +329,7 @@ class _Rollout:
                     prompt_tokens=int(read.prompt_tokens or len(prompt_ids)), latency_s=latency, rid=read.rid,
                     weight_version=read.weight_version, matched_stop=read.matched_stop)
         self.turns.append(turn)
-        self.turn, self.returned_at = k, time.perf_counter()
+        self.turn = k
         record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=k)
         content, reasoning, calls = await self._read_calls(text)
         finish = "tool_calls" if calls else "length" if read.finish == "length" else "stop"

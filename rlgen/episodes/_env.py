@@ -45,9 +45,9 @@ from typing import Any
 
 from ..core._options import check_seconds
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, outside_think, parse_tool_calls, parse_with_server
-from ._tools import Tool, ToolResult, acall_tool, run_contained, tools_from
+from ._tools import Ran, Tool, ToolResult, acall_tool, run_contained, tools_from
 
-__all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "tool_env"]
+__all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "failure_reply", "tool_env"]
 
 ENV_ROLES = ("user", "tool", "system")
 _EXPECTED = ('a str (one user message), a message dict {"role": "user" | "tool" | "system", "content": str}, '
@@ -134,16 +134,26 @@ def normalise_return(value: Any, *, what: str = "the environment") -> EnvReply:
     return EnvReply(messages)
 
 
+def failure_reply(ran: Ran, *, timed_out: str, note: str = "") -> EnvReply | None:
+    """A contained call's failure as the episode's reply: "env_timeout" ("TimeoutError: " and
+    `timed_out`, the sentence saying what did not finish), "env_error" (the exception's text and
+    `note`, with the traceback); None when the call returned."""
+    if ran.timed_out:
+        return EnvReply(status="env_timeout", seconds=ran.seconds, error=f"TimeoutError: {timed_out}")
+    if ran.error is not None:
+        return EnvReply(status="env_error", error=f"{ran.error_text}{note}", traceback=ran.traceback,
+                        seconds=ran.seconds)
+    return None
+
+
 async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: float | None, what: str) -> EnvReply:
     """Call `fn(*args)` (sync in a daemon thread of its own, `async def` as a task; `run_contained`)
     and normalise what it returns; an exception is "env_error" (with the traceback), outliving
     `timeout` is "env_timeout" (the call is then given up, not waited for)."""
     ran = await run_contained(fn, args, timeout=timeout)
-    if ran.timed_out:
-        return EnvReply(status="env_timeout", seconds=ran.seconds,
-                        error=f"TimeoutError: {what} did not finish within {timeout:g} s (env_timeout=)")
-    if ran.error is not None:
-        return EnvReply(status="env_error", error=ran.error_text, seconds=ran.seconds, traceback=ran.traceback)
+    failed = failure_reply(ran, timed_out=f"{what} did not finish within {timeout:g} s (env_timeout=)")
+    if failed is not None:
+        return failed
     reply = normalise_return(ran.value, what=what)
     reply.seconds = ran.seconds
     return reply
@@ -387,13 +397,11 @@ class Environment:
         # a class, a factory or a framework's environment may take a while (a dataset, a sandbox):
         # contained like a step, off the loop
         ran = await run_contained(self.make, timeout=self.timeout)
-        if ran.timed_out:
-            return EnvReply(status="env_timeout", seconds=ran.seconds,
-                            error=f"TimeoutError: making the episode's environment ({_name(self.make)}) did not "
-                                  f"finish within {self.timeout:g} s (env_timeout=)")
-        if ran.error is not None:
-            return EnvReply(status="env_error", error=f"{ran.error_text} (making the episode's environment)",
-                            traceback=ran.traceback, seconds=ran.seconds)
+        failed = failure_reply(ran, note=" (making the episode's environment)",
+                               timed_out=f"making the episode's environment ({_name(self.make)}) did not finish "
+                                         f"within {self.timeout:g} s (env_timeout=)")
+        if failed is not None:
+            return failed
         obj = ran.value
         if isinstance(obj, EpisodeEnv):
             return obj

@@ -45,7 +45,7 @@ from ..core._errors import RequestError
 from ._coalesce import TurnBatcher
 from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
-from ._template import DELTA_MEMO, DeltaRenderer, closing_ids, eos_id, first_prompt_ids, memo_key
+from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
 __all__ = ["Episode", "EpisodeCall", "TurnSender"]
 
@@ -110,7 +110,7 @@ class EpisodeCall:
         self.max_turns, self.max_new_tokens, self.context_length = max_turns, max_new_tokens, context_length
         self.eos = eos_id(tokenizer)
         self._renderer: DeltaRenderer | None = None
-        self._first: dict[tuple[Any, ...], list[int]] = {}
+        self._first = RenderMemo()
 
     def fits(self, n_ids: int) -> bool:
         """Whether a request of `n_ids` ids, plus `max_new_tokens`, fits the model's context."""
@@ -123,13 +123,10 @@ class EpisodeCall:
     def first_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """The first request's ids of a chat; rendered once per distinct chat of plain values with
         the call's tools (the n episodes of a prompt share one render), a fresh list each time."""
-        key = memo_key(messages) if tools is self.environment.tools else None
-        if key is not None and key in self._first:
-            return list(self._first[key])
-        ids = first_prompt_ids(self.tokenizer, messages, tools=tools)
-        if key is not None and len(self._first) < DELTA_MEMO:
-            self._first[key] = list(ids)
-        return ids
+        def render() -> list[int]:
+            return first_prompt_ids(self.tokenizer, messages, tools=tools)
+
+        return self._first(messages, render) if tools is self.environment.tools else render()
 
     def delta_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         if self._renderer is None:

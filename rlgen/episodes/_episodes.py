@@ -106,8 +106,9 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     df["completion"] = text_series(df["completion"].tolist())
     df["run"] = text_series([run] * n)
     df["row_id"] = np.arange(n, dtype=np.int64)
-    if any(r.step_rewards is not None for r in records):
-        df["step_rewards"] = [r.step_rewards or [] for r in records]
+    steps = [r.step_rewards for r in records]
+    if any(s is not None for s in steps):
+        df["step_rewards"] = [s or [] for s in steps]
     for name, values in data_columns([r.data for r in records]).items():
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call

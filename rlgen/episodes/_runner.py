@@ -52,6 +52,14 @@ class LoopCall:
     on_episode: Callable[[EpisodeRecord], None] | None
 
 
+def _errored(record: EpisodeRecord, error: Exception) -> None:
+    """A bug's exception as the episode's status "error", with its traceback."""
+    import traceback as tb
+
+    record.status, record.error = "error", f"{type(error).__name__}: {error}"
+    record.traceback = "".join(tb.format_exception(error))
+
+
 def episode_prompts(prompts: Any) -> list[list[dict[str, Any]]]:
     """Prompts as chats: one chat (a list of message dicts), a string, or a list of chats / strings
     (a string becomes one user message). A message needs a str 'role' and 'content', and a role
@@ -163,10 +171,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug or an unexpected answer: this episode's status, not the call's crash
-            import traceback as tb
-
-            record.status, record.error = "error", f"{type(e).__name__}: {e}"
-            record.traceback = "".join(tb.format_exception(e))
+            _errored(record, e)
         if on_episode is not None:
             on_episode(record)
 
@@ -176,12 +181,9 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug in the loop: every unfinished episode's status, not the call's crash
-            import traceback as tb
-
             for record in out:
                 if record.status == "running":
-                    record.status, record.error = "error", f"{type(e).__name__}: {e}"
-                    record.traceback = "".join(tb.format_exception(e))
+                    _errored(record, e)
 
     if environment.loop is not None:  # the environment owns its loop: it fills the records
         tasks = [asyncio.ensure_future(whole(environment.loop))]

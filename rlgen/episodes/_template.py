@@ -25,13 +25,14 @@ EOS keeps it, and the episode's ids equal the whole-conversation render.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..core._errors import RlgenError
 
-__all__ = ["BASE_MESSAGES", "DELTA_MEMO", "DeltaRenderer", "TemplateError", "check_template", "closing_ids", "eos_id",
-           "first_prompt_ids", "memo_key", "message_delta_ids", "render_ids", "template_name"]
+__all__ = ["BASE_MESSAGES", "DELTA_MEMO", "DeltaRenderer", "RenderMemo", "TemplateError", "check_template",
+           "closing_ids", "eos_id", "first_prompt_ids", "memo_key", "message_delta_ids", "render_ids",
+           "template_name"]
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -162,6 +163,23 @@ def memo_key(messages: Messages) -> tuple[Any, ...] | None:
     return tuple(key)
 
 
+class RenderMemo:
+    """Renders of message lists of plain values (`memo_key`), kept (at most `DELTA_MEMO`, first come,
+    first kept) and handed out as a fresh list each time; other lists are rendered every time."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[Any, ...], list[int]] = {}
+
+    def __call__(self, messages: Messages, render: Callable[[], list[int]]) -> list[int]:
+        key = memo_key(messages)
+        if key is not None and key in self._kept:
+            return list(self._kept[key])
+        ids = render()
+        if key is not None and len(self._kept) < DELTA_MEMO:
+            self._kept[key] = list(ids)
+        return ids
+
+
 class DeltaRenderer:
     """`message_delta_ids` for many deltas of one tokenizer and one tool list: the base
     conversation is rendered (and its cut found) once, so each delta costs one render, not two;
@@ -172,7 +190,7 @@ class DeltaRenderer:
 
     def __init__(self, tokenizer: Any, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.tokenizer, self.tools = tokenizer, tools
-        self._memo: dict[tuple[Any, ...], list[int]] = {}
+        self._memo = RenderMemo()
         self.eos = eos_id(tokenizer)
         self.base = render_ids(tokenizer, BASE_MESSAGES, add_generation_prompt=False, tools=tools)
         self.cut = _last_index(self.base, self.eos) + 1
@@ -185,13 +203,7 @@ class DeltaRenderer:
     def __call__(self, new_messages: Messages) -> list[int]:
         if not new_messages:
             raise ValueError("message_delta_ids needs at least one new message")
-        key = memo_key(new_messages)
-        if key is not None and key in self._memo:
-            return list(self._memo[key])
-        delta = self._render(new_messages)
-        if key is not None and len(self._memo) < DELTA_MEMO:
-            self._memo[key] = list(delta)
-        return delta
+        return self._memo(new_messages, lambda: self._render(new_messages))
 
     def _render(self, new_messages: Messages) -> list[int]:
         base, cut, tokenizer = self.base, self.cut, self.tokenizer
