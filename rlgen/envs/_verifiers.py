@@ -60,14 +60,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client._answer import read_answer
-from ..core._errors import RequestError
 from ..core._options import check_seconds
 from ..episodes._env import Environment
-from ..episodes._episode import EpisodeCall
+from ..episodes._episode import EpisodeCall, sample_turn
 from ..episodes._result import EpisodeRecord, Turn
 from ..episodes._runner import LoopCall
-from ..episodes._template import closing_ids
 from ..episodes._tool_calls import ParsedTurn, outside_think, parse_hermes, parse_with_server
 
 __all__ = ["from_verifiers", "looks_like_verifiers"]
@@ -308,36 +305,20 @@ class _Rollout:
         """One turn sampled through the runner's sender, into the record, read for tool calls."""
         call, record = self.call, self.record
         k = self.turn + 1
-        if not call.fits(len(record.ids)):
-            raise _Stop("context_limit", f"turn {k}: {call.too_long(len(record.ids))}", overlong=True)
-        prompt_ids = list(record.ids)
-        try:
-            answer, latency, payload_s = await call.sender.generate(prompt_ids, budget, record.sample_index)
-        except RequestError as e:
-            raise _Stop("request_error", f"turn {k}: {e}") from e
+        got = await sample_turn(call, record, k, budget)
+        if isinstance(got, tuple):
+            status, error = got
+            raise _Stop(status, error, overlong=status == "context_limit")
         t = time.perf_counter()
-        read = read_answer(answer)
-        if read.finish == "abort":
-            raise _Stop("request_error", f"turn {k}: the server aborted the request: {read.meta.get('finish_reason')}")
-        sampled = [int(i) for i in read.output_ids or []]
-        lps = read.token_logprobs() if read.output_ids is not None else []
-        record.extend(sampled, role="assistant", turn=k, mask=1, logprobs=lps)
-        text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
-        record.messages.append({"role": "assistant", "content": text})
-        turn = Turn(k, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
-                    finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
-                    prompt_tokens=int(read.prompt_tokens or len(prompt_ids)), latency_s=latency, rid=read.rid,
-                    weight_version=read.weight_version, matched_stop=read.matched_stop)
-        self.turns.append(turn)
+        self.turns.append(got.turn)
         self.turn = k
-        record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=k)
-        content, reasoning, calls = await self._read_calls(text)
-        finish = "tool_calls" if calls else "length" if read.finish == "length" else "stop"
+        content, reasoning, calls = await self._read_calls(got.turn.text or "")
+        finish = "tool_calls" if calls else "length" if got.finish == "length" else "stop"
         self.seen.append(_key({"role": "assistant", "content": content,
                                "tool_calls": [{"id": i, "name": n, "arguments": a} for i, n, a in calls]}))
-        turn.rlgen_s = own + payload_s + time.perf_counter() - t
+        got.turn.rlgen_s = own + got.own_s + time.perf_counter() - t
         self.returned_at = time.perf_counter()
-        return _Sampled(content, reasoning, calls, finish, prompt_ids, sampled, lps, read.rid)
+        return _Sampled(content, reasoning, calls, finish, record.ids[:got.sent], got.ids, got.logprobs, got.rid)
 
     async def _read_calls(self, text: str) -> tuple[str, str | None, list[tuple[str, str, str]]]:
         """(content for verifiers, the reasoning, the calls) of a turn; without tools, the text whole.

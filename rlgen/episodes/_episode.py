@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..client._answer import read_answer, seeded_sampling
@@ -47,7 +48,7 @@ from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
 from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
-__all__ = ["Episode", "EpisodeCall", "TurnSender"]
+__all__ = ["Episode", "EpisodeCall", "SampledTurn", "TurnSender", "sample_turn"]
 
 
 class TurnSender:
@@ -134,6 +135,52 @@ class EpisodeCall:
         return self._renderer(messages)
 
 
+@dataclass
+class SampledTurn:
+    """One assistant turn sampled into its record (`sample_turn`): its `Turn`, the ids and logprobs
+    sampled, SGLang's finish reason and rid, how many ids the request sent, and the runner's own
+    seconds for it (the payload, reading the answer into the record)."""
+
+    turn: Turn
+    ids: list[int]
+    logprobs: list[float]
+    finish: str
+    rid: str | None
+    sent: int
+    own_s: float
+
+
+async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budget: int) -> SampledTurn | tuple[str, str]:
+    """Assistant turn `turn` of `record`: one request through the call's sender (at most `budget`
+    new tokens), the sampled ids appended as sampled (loss mask 1, the server's logprobs), the text
+    decoded from them as the assistant's message, then a closing EOS (mask 0) if the turn ended
+    without one. What ends the episode instead is returned as (status, error): "context_limit" (the
+    request would not fit), "request_error" (refused, failed or aborted). `Episode` and an
+    environment that owns its loop (verifiers) sample through this one piece."""
+    if not call.fits(len(record.ids)):
+        return "context_limit", f"turn {turn}: {call.too_long(len(record.ids))}"
+    sent = len(record.ids)
+    try:  # the request's own copy of the ids: whatever keeps the payload never sees the record grow
+        answer, latency, payload_s = await call.sender.generate(list(record.ids), budget, record.sample_index)
+    except RequestError as e:
+        return "request_error", f"turn {turn}: {e}"
+    t = time.perf_counter()
+    read = read_answer(answer)
+    if read.finish == "abort":
+        return "request_error", f"turn {turn}: the server aborted the request: {read.meta.get('finish_reason')}"
+    sampled = [int(i) for i in read.output_ids or []]
+    lps = read.token_logprobs() if read.output_ids is not None else []
+    record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
+    text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
+    record.messages.append({"role": "assistant", "content": text})
+    said = Turn(turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
+                finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
+                prompt_tokens=int(read.prompt_tokens or sent), latency_s=latency, rid=read.rid,
+                weight_version=read.weight_version, matched_stop=read.matched_stop)
+    record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=turn)
+    return SampledTurn(said, sampled, lps, read.finish, read.rid, sent, payload_s + time.perf_counter() - t)
+
+
 class Episode:
     """One episode: `run()` is `start`, then `sample` and `step` per assistant turn until one of them
     ends it, then `finish`. Each step returns whether the episode goes on; one that ends it has set
@@ -195,32 +242,12 @@ class Episode:
 
     async def sample(self, turn: int) -> bool:
         """Assistant turn `turn`: its request, its sampled ids and text, a closing EOS if needed."""
-        call, record = self.call, self.record
-        if not call.fits(len(record.ids)):
-            return self.end("context_limit", f"turn {turn}: {call.too_long(len(record.ids))}")
-        try:
-            answer, latency, payload_s = await call.sender.generate(record.ids, call.max_new_tokens,
-                                                                    record.sample_index)
-        except RequestError as e:
-            return self.end("request_error", f"turn {turn}: {e}")
-        t = time.perf_counter()
-        read = read_answer(answer)
-        if read.finish == "abort":
-            return self.end("request_error",
-                            f"turn {turn}: the server aborted the request: {read.meta.get('finish_reason')}")
-        sampled = [int(i) for i in read.output_ids or []]
-        lps = read.token_logprobs() if read.output_ids is not None else []
-        record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
-        text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
-        record.messages.append({"role": "assistant", "content": text})
-        self.assistant = Turn(
-            turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
-            finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
-            prompt_tokens=int(read.prompt_tokens or len(record.ids) - len(sampled)), latency_s=latency,
-            rid=read.rid, weight_version=read.weight_version, matched_stop=read.matched_stop)
-        self.turns.append(self.assistant)
-        record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=turn)
-        self.assistant.rlgen_s = self.own + payload_s + time.perf_counter() - t
+        got = await sample_turn(self.call, self.record, turn, self.call.max_new_tokens)
+        if isinstance(got, tuple):
+            return self.end(*got)
+        self.assistant = got.turn
+        self.turns.append(got.turn)
+        got.turn.rlgen_s = self.own + got.own_s
         return True
 
     async def step(self, turn: int) -> bool:
