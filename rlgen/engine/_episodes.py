@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core import _loop, _options
+from ..core._gc import gc_paused
 from ..envs import adapt
 from ..episodes import EpisodeRecord, Episodes, as_environment, episodes_from_records, run_episodes
 from ..episodes._runner import episode_prompts
@@ -56,7 +57,10 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
                                      model=provenance.model, sampling=record["sampling"], run_record=record,
                                      tools=environment.tools, framework=environment.kind == "framework")
 
-    with ProgressLine("episodes", total=len(chats) * n, unit="episode", show=conn.show(opts["progress"])) as line:
+    # The cyclic GC paused while the episodes run and their result is built (core/_gc: each turn
+    # of each episode allocates, and a full collection would walk the notebook's whole heap).
+    with ProgressLine("episodes", total=len(chats) * n, unit="episode", show=conn.show(opts["progress"])) as line, \
+            gc_paused():
         def advance(record: EpisodeRecord) -> None:
             line.advance(1, record.sampled_tokens)
 
@@ -71,7 +75,7 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
             if records:
                 keep(result())
             raise
-    done = result()
+        done = result()
     if environment.reward_funcs:  # the framework's own rewards, in threads: they may read `environments`
         keep(done)  # kept unscored first: a Ctrl-C while scoring loses no episode
         # one row per call, so that one environment's failing reward is that row's status only

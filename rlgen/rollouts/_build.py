@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..core._columns import COLUMNS
-from ._response_arrays import ParsedResponses, gc_paused, parse_responses
+from ..core._gc import gc_paused
+from ._response_arrays import ParsedResponses, parse_responses
 from ._rollouts import Rollouts
 from ._runs import new_run_id, text_dtype
 

@@ -15,9 +15,7 @@ Flat arrays follow `core/_ragged.py`'s layout (values plus row offsets); missing
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -28,7 +26,7 @@ import numpy as np
 from ..client._answer import read_answer
 from ..core._ragged import gather_rows, row_offsets
 
-__all__ = ["ParsedResponses", "gc_paused", "parse_responses", "scored_entry"]
+__all__ = ["ParsedResponses", "parse_responses", "scored_entry"]
 
 # Per-row values read from each entry, named as the DataFrame columns they become.
 ROW_FIELDS = (
@@ -83,20 +81,6 @@ def scored_entry(entry: dict[str, Any], *, prompt_len: int, completion_ids: list
     meta["prompt_tokens"] = prompt_len
     meta["finish_reason"] = {"type": "score"}
     return {"text": text, "output_ids": completion_ids, "meta_info": meta}
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic GC (as a decorator: `@gc_paused()`), restoring its state after."""
-    # Building creates no reference cycles, yet the cyclic GC would rescan the millions of freshly
-    # parsed response objects each time it runs, slowing construction down.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def parse_responses(

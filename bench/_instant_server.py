@@ -1,0 +1,75 @@
+"""An SGLang-shaped server that answers `/generate` at once, for measuring what a client costs.
+
+Not a benchmark and not a test double of SGLang's behaviour: it serves the native API's shape only
+(`/generate`, one prompt or a batch, `input_ids` in; `output_ids`, `text` and `meta_info` with
+`output_token_logprobs`, `finish_reason`, `prompt_tokens`, `cached_tokens`, `e2e_latency` out;
+exactly `max_new_tokens` random ids per sample; the info, health, flush and abort routes rlgen's
+`Engine.connect` and the benchmarks call), so that a client's time against it is the client's own
+work and the HTTP round trip, with no model behind it. `episodes_client.py` starts it.
+
+    python bench/_instant_server.py MODEL_DIR PORT [SECONDS_PER_REQUEST]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+def answer(ids: list[int], sampling: dict[str, Any], rid: Any, rng: random.Random, delay: float) -> dict[str, Any]:
+    k = int(sampling.get("max_new_tokens", 16))
+    out = [rng.randrange(100, 30000) for _ in range(k)]
+    meta = {"id": rid, "finish_reason": {"type": "length", "length": k}, "prompt_tokens": len(ids),
+            "completion_tokens": k, "cached_tokens": 0, "e2e_latency": delay, "weight_version": "default",
+            "output_token_logprobs": [[-1.25, t, None] for t in out]}
+    return {"text": "x" * (3 * k), "output_ids": out, "meta_info": meta}
+
+
+def build(model: str, delay: float) -> web.Application:
+    rng = random.Random(0)
+
+    async def generate(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        ids, sampling, rid = body.get("input_ids"), body.get("sampling_params") or {}, body.get("rid")
+        if delay:
+            await asyncio.sleep(delay)
+        if ids and isinstance(ids[0], list):
+            params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
+            rids = rid if isinstance(rid, list) else [None] * len(ids)
+            out: Any = [answer(i, s, r, rng, delay) for i, s, r in zip(ids, params, rids)]
+        else:
+            out = answer(ids, sampling, rid, rng, delay)
+        return web.Response(body=orjson.dumps(out), content_type="application/json")
+
+    info = {"model_path": model, "tokenizer_path": model, "served_model_name": model, "is_generation": True,
+            "context_length": 32768, "version": "0.5.17+instant", "weight_version": "default",
+            "max_total_num_tokens": 10**8, "max_req_input_len": 32000,
+            "internal_states": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}
+
+    async def show(request: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=1 << 30)
+    for method in ("POST", "PUT"):
+        app.router.add_route(method, "/generate", generate)
+    for path in ("/model_info", "/server_info", "/get_model_info", "/get_server_info"):
+        app.router.add_get(path, show)
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, ok)
+    for method in ("GET", "POST"):
+        app.router.add_route(method, "/flush_cache", ok)
+    app.router.add_post("/abort_request", ok)
+    return app
+
+
+if __name__ == "__main__":
+    web.run_app(build(sys.argv[1], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0), host="127.0.0.1",
+                port=int(sys.argv[2]), access_log=None, print=None)

@@ -1,0 +1,207 @@
+"""rlgen's own cost in an episodes call: `Engine.episodes` against the hand-written lockstep loop, with
+no model behind the server.
+
+Not a test. The server is `_instant_server.py` (SGLang's /generate shape, answered at once), so
+each method's wall time is its own client work plus the HTTP round trips and the stub's JSON: what
+an episodes call adds to the hand-written loop (`episodes.lockstep`) on a real server, measured
+where it can be seen, on any machine. The workload, the environment and the two methods are
+`episodes.py`'s (its defaults: 64 chats x n=4, 4 turns of 64 tokens), interleaved by
+`_common.run_interleaved` (a GC collection before each timed run).
+
+Per timed run: wall seconds, and the cyclic GC's collections during it (count and seconds per
+generation, from `gc.callbacks`). Reported: each method's median, episodes - lockstep in ms with
+its 90% bootstrap interval, and that difference as a share of the lockstep loop's wall time on
+the H200 (`--gpu-lockstep-s`, default 2.571 s: the 135M run of docs/gpu/2026-12-03n), which is
+what the difference would cost there if the server's time were the same for both.
+`--profile`: one more episodes call under cProfile, on the thread that runs it, the top lines.
+
+    python bench/episodes_client.py --out /tmp/episodes_client.json
+    python bench/episodes_client.py --out /tmp/p.json --repeats 3 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _common as C
+import episodes as E
+
+HERE = Path(__file__).resolve().parent
+GPU_LOCKSTEP_S = 2.571  # lockstep's median wall time at 135M on the H200, docs/gpu/2026-12-03n
+
+
+class GcClock:
+    """The cyclic GC's collections while `on`: per generation, how many and their seconds."""
+
+    def __init__(self) -> None:
+        self.on, self.started = False, 0.0
+        self.by_gen: dict[int, list[float]] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.by_gen.setdefault(int(info["generation"]), []).append(time.perf_counter() - self.started)
+
+    def take(self) -> dict[str, Any]:
+        out = {str(g): {"count": len(v), "seconds": sum(v)} for g, v in sorted(self.by_gen.items())}
+        self.by_gen = {}
+        return out
+
+
+def start_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(HERE / "_instant_server.py"), model, str(port)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if C.http_request(url, "/health", timeout=1)[0] == 200:
+                return proc, url
+        except OSError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the instant server did not start")
+
+
+def methods(eng: Any, chats: list[Any], size: dict[str, int], clock: GcClock, runs: dict[str, list[dict[str, Any]]],
+            *, sync_env: bool) -> dict[str, Callable[[C.Workload], C.Served]]:
+    import asyncio
+
+    from rlgen.episodes import message_delta_ids
+
+    T, K, N = size["turns"], size["turn_tokens"], size["n"]
+    env = E.fixed_reply(T, sync=sync_env)
+    tok = eng.tokenizer
+    first = [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True)) for c in chats]
+
+    def timed(name: str, call: Callable[[], int]) -> int:
+        clock.on = True
+        try:
+            tokens = call()
+        finally:
+            clock.on = False
+        runs.setdefault(name, []).append(clock.take())
+        return tokens
+
+    def episodes(w: C.Workload) -> C.Served:
+        def call() -> int:
+            res = eng.episodes(chats, env=env, n=N, max_turns=T, max_new_tokens=K, temperature=1.0, ignore_eos=True,
+                               progress=False, max_in_flight=len(chats) * N)
+            return int(res.df["sampled_tokens"].sum())
+        return C.Served(timed("episodes", call))
+
+    def lockstep(w: C.Workload) -> C.Served:
+        def call() -> int:
+            delta = message_delta_ids(tok, [{"role": "user", "content": E.REPLY}])
+            sampled, _ = asyncio.run(E.lockstep(eng.url, [p for p in first for _ in range(N)], turns=T,
+                                                sampling={"max_new_tokens": K, "temperature": 1.0, "ignore_eos": True},
+                                                eos=tok.eos_token_id, delta=delta))
+            return sampled
+        return C.Served(timed("lockstep", call))
+
+    return {"episodes": episodes, "lockstep": lockstep}
+
+
+def profile(eng: Any, run: Callable[[C.Workload], C.Served], wl: C.Workload, top: int) -> None:
+    """One episodes call with cProfile on the thread that runs its loop (rlgen's background loop)."""
+    import cProfile
+    import pstats
+
+    from rlgen.engine import _episodes as engine_episodes
+
+    original = engine_episodes.run_episodes
+    prof = cProfile.Profile()
+
+    async def profiled(*args: Any, **kwargs: Any) -> Any:
+        prof.enable()
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            prof.disable()
+
+    engine_episodes.run_episodes = profiled  # type: ignore[assignment]
+    try:
+        run(wl)
+    finally:
+        engine_episodes.run_episodes = original  # type: ignore[assignment]
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    ap = C.base_parser(__doc__, repeats=15)
+    for key, default in (("prompts", 64), ("n", 4), ("turns", 4), ("turn-tokens", 64)):
+        ap.add_argument(f"--{key}", type=int, default=default)
+    ap.add_argument("--sync-env", action="store_true", help="the environment a plain function (a thread per step)")
+    ap.add_argument("--gpu-lockstep-s", type=float, default=GPU_LOCKSTEP_S)
+    ap.add_argument("--profile", type=int, nargs="?", const=40, default=0, help="profile one more episodes call")
+    args = ap.parse_args()
+    import rlgen
+
+    size = {"prompts": args.prompts, "n": args.n, "turns": args.turns, "turn_tokens": args.turn_tokens}
+    record = C.Record(args.out, args, "bench/episodes_client.py")
+    model = C.model_path(args.model)
+    proc, url = start_server(model)
+    try:
+        eng = rlgen.Engine.connect(url, progress=False)
+        chats = E.chats(size["prompts"])
+        wl = C.Workload("episodes", [[0]] * size["prompts"], n=size["n"], options={})
+        clock, gc_runs = GcClock(), {}
+        timed = methods(eng, chats, size, clock, gc_runs, sync_env=args.sync_env)
+        results = C.run_interleaved(timed, wl, repeats=C.repeats_of(args))
+        for name, result in results.items():  # the warm-up's GC entry comes first
+            for run, collected in zip(result["runs"], gc_runs.get(name, [])[1:]):
+                run["gc"] = collected
+        record.data.update(sizes=size, results=results)
+        report(record, args.gpu_lockstep_s)
+        record.save(complete=True)
+        if args.profile:
+            profile(eng, timed["episodes"], wl, args.profile)
+        eng.close()
+    finally:
+        proc.kill()
+
+
+def report(record: C.Record, gpu_lockstep_s: float) -> None:
+    results = record["results"]
+    rows = []
+    for name in ("episodes", "lockstep"):
+        runs = results[name]["runs"]
+        secs = [r["seconds"] for r in runs]
+        gc_s = [sum(g["seconds"] for g in r.get("gc", {}).values()) for r in runs]
+        full = sum(r.get("gc", {}).get("2", {}).get("count", 0) for r in runs)
+        rows.append([name, str(len(runs)), C.fmt(1e3 * statistics.median(secs), ".1f"),
+                     "-".join(C.fmt(1e3 * x, ".1f") for x in C.bootstrap_median(secs) or ()) or "-",
+                     C.fmt(1e3 * statistics.median(gc_s), ".1f"), str(full)])
+    C.print_table("wall ms per call against an instant server (medians; 90% bootstrap interval); gc ms: the cyclic "
+                  "GC's collections in the call (median); full: generation-2 collections over all runs",
+                  ["method", "runs", "ms", "interval", "gc ms", "full"], rows)
+    diff = C.compare_difference(results, "episodes", ["lockstep"])
+    iv = diff["interval"] or (diff["difference"], diff["difference"])
+    share = diff["difference"] / gpu_lockstep_s
+    record["summary"] = {"difference_s": diff["difference"], "interval_s": iv, "p": diff["p"],
+                         "share_of_gpu_lockstep": share, "gpu_lockstep_s": gpu_lockstep_s}
+    print(f"\n  episodes - lockstep: {1e3 * diff['difference']:.1f} ms [{1e3 * iv[0]:.1f}-{1e3 * iv[1]:.1f}], "
+          f"rank test p {C.fmt(diff['p'], '.3f')}; as a share of the H200 lockstep loop's {gpu_lockstep_s:.3f} s: "
+          f"{100 * share:.1f}% (a ratio of about {gpu_lockstep_s / (gpu_lockstep_s + diff['difference']):.3f}x "
+          f"if the server's time were the same)", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RLGEN_PROGRESS", "0")
+    main()
