@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,9 +57,42 @@ ENV_KEY = "_env"
 ROLE_CODES = {"pad": 0, "assistant": 1, "env": 2}
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _json_safe(value: Any) -> Any:
-    """`value` with anything JSON cannot hold as its repr (tool results may be any object)."""
+    """`value` as JSON would hold it: dicts with str keys, lists, str, int, float, bool and None;
+    anything else (a tuple, an object a tool returned, a key of another type) becomes what
+    `json.loads(json.dumps(value, default=repr))` makes of it. A value that is plain already is
+    kept as it is, not copied (the records it comes from are the runner's, dropped after the call)."""
+    try:
+        if _plain(value):
+            return value
+    except RecursionError:
+        pass
     return json.loads(json.dumps(value, default=repr))
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` holds nothing but what JSON holds as it is (leaves checked inline: the turns
+    of every episode pass through here)."""
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item)):
+                return False
+        return True
+    if kind is list:  # a loop, not all(...): a generator per list costs more than the check itself
+        for item in value:  # noqa: SIM110
+            if type(item) not in _SCALARS and not _plain(item):
+                return False
+        return True
+    return kind in _SCALARS
+
+
+def _flat(records: Sequence[EpisodeRecord], field: str, dtype: Any, count: int) -> np.ndarray:
+    """One record field's lists (ids, logprobs, ...), end to end, as one array."""
+    return np.fromiter(chain.from_iterable(getattr(r, field) for r in records), dtype=dtype, count=count)
 
 
 def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int, tokenizer: Any = None,
@@ -73,28 +107,43 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
 
     n, run = len(records), new_run_id()
     p_len = np.array([r.prompt_len for r in records], dtype=np.int64)
-    r_len = np.array([len(r.ids) - r.prompt_len for r in records], dtype=np.int64)
-    flat_p = [i for r in records for i in r.ids[:r.prompt_len]]
-    flat_r = [i for r in records for i in r.ids[r.prompt_len:]]
+    total = np.array([len(r.ids) for r in records], dtype=np.int64)
+    r_len = total - p_len
+    count = int(total.sum())
+    # Each record's ids end to end; a token is its row's response from the row's prompt_len on.
+    row = np.repeat(np.arange(n, dtype=np.int64), total)
+    response = np.arange(count, dtype=np.int64) - np.repeat(row_offsets(total)[:-1], total) >= p_len[row]
+    ids = _flat(records, "ids", np.int64, count)
+    logprobs = _flat(records, "logprobs", np.float64, count)[response]
+    mask = _flat(records, "loss_mask", np.bool_, count)[response]
+    rows_of = row[response]
+    # Summed in order in float64, as sum() over each row's sampled logprobs would.
+    sums = np.bincount(rows_of, weights=np.where(mask, logprobs, 0.0), minlength=n)
+    sampled = np.bincount(rows_of, weights=mask, minlength=n)
+    prompts: dict[tuple[int, ...], str] = {}  # the n episodes of a prompt start from the same ids
     rows: list[dict[str, Any]] = []
-    for r in records:
+    for i, r in enumerate(records):
         assistant = r.assistant_turns
         last = assistant[-1] if assistant else {}
-        sampled = [lp for lp, m in zip(r.logprobs, r.loss_mask) if m]
         k = r.n_prompt_messages if r.n_prompt_messages >= 0 else len(r.messages)
+        prompt = None
+        if tokenizer is not None:
+            key = tuple(r.ids[:r.prompt_len])
+            prompt = prompts.get(key)
+            if prompt is None:
+                prompt = prompts[key] = tokenizer.decode(list(key))
         rows.append({
-            "prompt_index": r.prompt_index, "sample_index": r.sample_index,
-            "prompt": tokenizer.decode(r.ids[:r.prompt_len]) if tokenizer is not None else None,
+            "prompt_index": r.prompt_index, "sample_index": r.sample_index, "prompt": prompt,
             "completion": last.get("text") or "", "finish_reason": last.get("finish_reason") or "unknown",
             "matched_stop": last.get("matched_stop"), "prompt_tokens": r.prompt_len,
             "completion_tokens": len(r.ids) - r.prompt_len,
             "cached_tokens": sum(int(t.get("cached_tokens") or 0) for t in assistant),
-            "logprob_sum": float(sum(sampled)) if sampled else math.nan,
-            "logprob_mean": float(sum(sampled) / len(sampled)) if sampled else math.nan,
+            "logprob_sum": float(sums[i]) if sampled[i] else math.nan,
+            "logprob_mean": float(sums[i] / sampled[i]) if sampled[i] else math.nan,
             "request_latency_s": float(sum(float(t.get("latency_s") or 0.0) for t in assistant)),
             "weight_version": last.get("weight_version"), "rid": last.get("rid"), "error": r.error, "run": run,
             "row_id": len(rows),
-            "status": r.status, "turns": len(assistant), "sampled_tokens": r.sampled_tokens,
+            "status": r.status, "turns": len(assistant), "sampled_tokens": int(sampled[i]),
             "tool_calls": sum(int(t.get("tool_calls") or 0) for t in r.turns),
             "tool_calls_failed": sum(int(t.get("tool_calls_failed") or 0) for t in r.turns),
             "env_seconds": r.env_seconds, "cached_share": _cached_share(r),
@@ -114,15 +163,14 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
     meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas,
              **({ENV_KEY: r.env} if framework or r.env is not None else {})} for r in records]
-    mask = np.array([m for r in records for m in r.loss_mask[r.prompt_len:]], dtype=np.bool_)
     return Episodes(**FlatRollouts(
-        df=df, prompt_ids=np.array(flat_p, dtype=np.int64), prompt_offsets=row_offsets(p_len),
-        response_ids=np.array(flat_r, dtype=np.int64), response_offsets=row_offsets(r_len), meta_info=meta,
+        df=df, prompt_ids=ids[~response], prompt_offsets=row_offsets(p_len),
+        response_ids=ids[response], response_offsets=row_offsets(r_len), meta_info=meta,
         pad_token_id=int(pad_token_id),
         fields={
-            "logprobs": np.array([x for r in records for x in r.logprobs[r.prompt_len:]], dtype=np.float32),
+            "logprobs": logprobs.astype(np.float32),
             "loss_mask": mask,
-            "turn_ids": np.array([t for r in records for t in r.turn_ids[r.prompt_len:]], dtype=np.int32),
+            "turn_ids": _flat(records, "turn_ids", np.int32, count)[response],
         },
         model=model, run_sampling={run: sampling}, run_records={run: run_record},
         decode=TokenText(tokenizer) if tokenizer is not None else None,
