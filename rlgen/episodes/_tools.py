@@ -34,10 +34,11 @@ A parameter without a type hint is an error (TypeError naming it), as in transfo
 
 Calls run contained: `call_tool` as reward functions do in `rlgen.rewards`' thread mode
 (`run_calls(mode="thread")`, reused here), `acall_tool` through `run_contained`, which this module
-owns for the environment's steps too (`_env`): a plain function runs in a daemon thread of its own
-(never in asyncio's default executor, whose few threads a hung call would hold: the next calls
-queued behind it and timed out without having started, and `asyncio.run()` and interpreter exit
-joined it), an `async def` one as a task of its own. Exceptions become "tool_error" with the
+owns for the environment's steps too (`_env`): a plain function runs in a daemon thread that no
+other call holds (`_workers`: an idle worker, or a new one; never asyncio's default executor,
+whose few threads a hung call would hold: the next calls queued behind it and timed out without
+having started, and `asyncio.run()` and interpreter exit joined it), an `async def` one as a task
+of its own (started at once on Python 3.12+: a call that does not wait ends before the next). Exceptions become "tool_error" with the
 traceback (SystemExit and KeyboardInterrupt too: out of a task they would stop the event loop that
 runs every episode), a call that outlives `timeout` becomes "tool_timeout". **A timed-out call
 cannot be killed**: Python cannot stop a thread, so the call goes on in its daemon thread until it
@@ -52,15 +53,16 @@ import asyncio
 import inspect
 import json
 import re
-import threading
+import sys
 import time
 import types
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from ..rewards._exec import Call, run_calls
+from ._workers import run_in_worker
 
 __all__ = ["MAX_THREADS", "Ran", "Tool", "ToolResult", "ToolStatus", "acall_tool", "call_tool", "run_contained",
            "tool_schema", "tools_from"]
@@ -473,7 +475,7 @@ async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs
     if _is_async(fn):
         t0 = time.perf_counter()
         try:
-            value = await _within(loop.create_task(_carried(lambda: fn(*args, **kw))), timeout)
+            value = await _within(_started(loop, _carried(lambda: fn(*args, **kw))), timeout)
         except _TimedOut:
             return Ran(timed_out=True, seconds=time.perf_counter() - t0)
         except _Raised as e:
@@ -491,7 +493,7 @@ async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs
             if inspect.isawaitable(value):  # a plain function that returned a coroutine
                 left = None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0))
                 coroutine = value
-                value = await _within(loop.create_task(_carried(lambda: coroutine)), left)
+                value = await _within(_started(loop, _carried(lambda: coroutine)), left)
         except _TimedOut:
             return Ran(timed_out=True, seconds=time.perf_counter() - t0, in_thread=True)
         except _Raised as e:
@@ -499,6 +501,15 @@ async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs
         except Exception as e:
             return Ran(error=e, seconds=time.perf_counter() - t0, in_thread=True)
         return Ran(value, seconds=time.perf_counter() - t0, in_thread=True)
+
+
+def _started(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """A task of `coroutine`, started at once where Python can (3.12+, `eager_start`): a call that
+    does not wait for anything (most environment steps) is then finished before this returns,
+    without a turn of the event loop for each of hundreds of episodes."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coroutine, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+    return loop.create_task(coroutine)
 
 
 async def _carried(make: Callable[[], Awaitable[Any]]) -> Any:
@@ -511,8 +522,9 @@ async def _carried(make: Callable[[], Awaitable[Any]]) -> Any:
 
 def _in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: Sequence[Any],
                kwargs: Mapping[str, Any]) -> asyncio.Future[Any]:
-    """A future of `fn(*args, **kwargs)` run in a new daemon thread; a future given up (cancelled)
-    before the thread ends ignores what it brings."""
+    """A future of `fn(*args, **kwargs)` run on a daemon worker thread (`_workers`: an idle one or a
+    new one, never one busy with another call); a future given up (cancelled) before the call
+    ends ignores what it brings."""
     future: asyncio.Future[Any] = loop.create_future()
 
     def settle(value: Any, error: BaseException | None) -> None:
@@ -534,14 +546,15 @@ def _in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: Se
         except RuntimeError:  # the loop is closed: nobody waits for this call any more
             pass
 
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    threading.Thread(target=work, name=f"rlgen-call-{name}", daemon=True).start()
+    run_in_worker(work)
     return future
 
 
 async def _within(future: asyncio.Future[Any], timeout: float | None) -> Any:
     """`future`'s result, or `_TimedOut` after `timeout` seconds; either way (and when the caller
     is cancelled) `future` is cancelled but not waited for."""
+    if future.done():  # it finished as it started (`_started`)
+        return _outcome(future)
     try:
         done, _ = await asyncio.wait({future}, timeout=timeout)
     except asyncio.CancelledError:
@@ -552,6 +565,11 @@ async def _within(future: asyncio.Future[Any], timeout: float | None) -> Any:
         future.cancel()
         future.add_done_callback(_forget)
         raise _TimedOut
+    return _outcome(future)
+
+
+def _outcome(future: asyncio.Future[Any]) -> Any:
+    """A finished call's value, or what it raised."""
     if future.cancelled():  # the call's own CancelledError (this caller was not cancelled): its failure
         raise _Raised(asyncio.CancelledError("the call raised CancelledError (it was not cancelled by rlgen)"))
     return future.result()
