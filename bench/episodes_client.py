@@ -21,7 +21,6 @@ what the difference would cost there if the server's time were the same for both
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import socket

@@ -66,8 +66,15 @@ class Answer:
     def token_logprobs(self) -> list[float]:
         """One float per sampled id (0.0 where the server gave None or no entry)."""
         n = len(self.ids())
-        values = [float(t[0]) if t and t[0] is not None else 0.0 for t in self.output_logprobs or ()]
-        return values[:n] + [0.0] * (n - len(values))
+        entries = self.output_logprobs or ()
+        try:  # the usual answer: every entry a [logprob, id, text] list whose logprob is a JSON number
+            values = [t[0] for t in entries]
+            plain = None not in values
+        except (TypeError, IndexError, KeyError):
+            plain = False
+        if not plain:
+            values = [float(t[0]) if t and t[0] is not None else 0.0 for t in entries]
+        return values[:n] + [0.0] * (n - len(values)) if len(values) != n else values
 
 
 def read_answer(entry: Any, index: int = 0) -> Answer:

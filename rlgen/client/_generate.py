@@ -230,9 +230,15 @@ def request_size(n_prompts: int, *, most: int) -> int:
     return max(1, min(most, -(-n_prompts // REQUESTS_PER_CALL)))
 
 
+# rids are this process's random prefix and a counter: unique on a server that several processes
+# (or machines) share, and cheap enough for every turn of every episode (uuid4 per rid cost more).
+_RID_PREFIX = f"rlgen-{uuid.uuid4().hex[:16]}-"
+_rid_numbers = itertools.count()
+
+
 def new_rid() -> str:
     """A request id for one sample: rlgen's own, so that it can abort exactly what it sent."""
-    return f"rlgen-{uuid.uuid4().hex}"
+    return f"{_RID_PREFIX}{next(_rid_numbers)}"
 
 
 def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], list[str]]:

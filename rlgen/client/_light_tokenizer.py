@@ -208,6 +208,14 @@ class LightTokenizer:
 
     def batch_decode(self, sequences: Any, skip_special_tokens: bool = False,
                      clean_up_tokenization_spaces: bool | None = None, **kwargs: Any) -> list[str]:
+        cleanup = self._state["clean_up_tokenization_spaces"] if clean_up_tokenization_spaces is None \
+            else clean_up_tokenization_spaces
+        seqs = sequences if isinstance(sequences, list) else None
+        if not kwargs and not cleanup and seqs is not None and all(type(s) is list for s in seqs):
+            try:  # lists of ints: one call to the Rust backend, which decodes them in parallel
+                return [str(t) for t in self._backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)]
+            except TypeError:  # not all ints: each through decode()'s own conversion
+                pass
         return [self.decode(s, skip_special_tokens=skip_special_tokens,
                             clean_up_tokenization_spaces=clean_up_tokenization_spaces, **kwargs) for s in sequences]
 

@@ -4,7 +4,10 @@ Owns: `TurnBatcher`, which takes one episode turn's request at a time (`input_id
 parameters, its rid) and sends the requests that arrive close together as one batched
 `/generate` (lists of `input_ids`, `sampling_params` and `rid`, as SGLang takes a batch), then
 hands each episode its own answer. A batch leaves when no request has joined it for `linger_s`,
-when it has lasted `max_wait_s`, or when it holds `max_batch` requests.
+when it has lasted `max_wait_s`, or when it holds `max_batch` requests. Requests that share one
+sampling-parameters object are sent with it once (SGLang applies a single dict to every prompt
+of a batch), not as a list of copies. A `read` hook, when given, turns the batch's answers into
+what each waiter gets, in one call (the episodes decode every turn's text at once there).
 
 Why: every request costs its HTTP round trip and the server's per-request handling, so SGLang
 serves one batched request of many prompts much faster than as many requests of one prompt each.
@@ -21,7 +24,7 @@ returns answers. Aborting is the caller's (every rid it sends is the caller's to
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,31 +36,34 @@ __all__ = ["TurnBatcher"]
 
 @dataclass
 class _Pending:
-    items: list[tuple[list[int], dict[str, Any], str, asyncio.Future[dict[str, Any]]]] = field(default_factory=list)
+    items: list[tuple[list[int], Mapping[str, Any], str, asyncio.Future[Any]]] = field(default_factory=list)
     joined: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class TurnBatcher:
     """Sends turn requests that arrive together as one batched `/generate`; `await generate(...)`
-    returns this request's answer (a dict), or raises what the batch raised."""
+    returns this request's answer (a dict; what `read` made of it, when given), or raises what
+    the batch raised. `read(answers)` gets the batch's answers (dicts, checked) and returns one
+    item per answer; it must not raise."""
 
     def __init__(self, client: Client, *, linger_s: float = 0.005, max_wait_s: float = 0.05,
-                 max_batch: int = 256) -> None:
-        self.client = client
+                 max_batch: int = 256, read: Callable[[Sequence[dict[str, Any]]], Sequence[Any]] | None = None) -> None:
+        self.client, self.read = client, read
         self.linger_s, self.max_wait_s, self.max_batch = linger_s, max_wait_s, max_batch
         self._pending: _Pending | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches: list[int] = []   # the size of each batch sent, in order
 
-    async def generate(self, ids: list[int], sampling: Mapping[str, Any], rid: str) -> dict[str, Any]:
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    async def generate(self, ids: list[int], sampling: Mapping[str, Any], rid: str) -> Any:
+        """This request's answer; `sampling` is sent as it is (not copied): leave it unchanged."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         pending = self._pending
         if pending is None:
             pending = self._pending = _Pending()
             task = asyncio.ensure_future(self._send_when_ready(pending))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        pending.items.append((ids, dict(sampling), rid, future))
+        pending.items.append((ids, sampling, rid, future))
         pending.joined.set()
         if len(pending.items) >= self.max_batch:
             self._pending = None  # full: the waiting task sends it now
@@ -81,7 +87,9 @@ class TurnBatcher:
         if not items:
             return
         self.batches.append(len(items))
-        payload = {"input_ids": [ids for ids, _, _, _ in items], "sampling_params": [s for _, s, _, _ in items],
+        shared = items[0][1]
+        params: Any = shared if all(s is shared for _, s, _, _ in items) else [s for _, s, _, _ in items]
+        payload = {"input_ids": [ids for ids, _, _, _ in items], "sampling_params": params,
                    "return_logprob": True, "rid": [rid for _, _, rid, _ in items]}
         try:
             answer = await self.client.generate(payload)
@@ -95,12 +103,16 @@ class TurnBatcher:
             if not isinstance(err, Exception):
                 raise
             return
+        samples = [entry for entry in answer if isinstance(entry, dict)]
+        made = iter(self.read(samples) if self.read is not None else samples)
         for (_, _, _, future), entry in zip(items, answer):
-            if not future.done():
-                if isinstance(entry, dict):
-                    future.set_result(entry)
-                else:
+            if not isinstance(entry, dict):
+                if not future.done():
                     future.set_exception(RequestError(f"/generate answered {type(entry).__name__}, not one sample"))
+                continue
+            item = next(made)
+            if not future.done():
+                future.set_result(item)
 
     async def close(self) -> None:
         """Wait for the batches still being sent (after their waiters were cancelled, say)."""

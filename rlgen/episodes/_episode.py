@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,39 +48,60 @@ from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
 from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
-__all__ = ["Episode", "EpisodeCall", "SampledTurn", "TurnSender", "sample_turn"]
+__all__ = ["Episode", "EpisodeCall", "SampledTurn", "TurnSender", "sample_turn", "turn_texts"]
 
 
 class TurnSender:
     """Sends one assistant turn's request at a time (at most `max_in_flight` at once), batched with
     the turns that are ready together when `batch_turns`; `in_flight` holds the rids sent and not
-    yet answered (what an abort needs)."""
+    yet answered (what an abort needs). `texts(answers)` gives each answer's text (None where it
+    could not: the caller decodes that one itself); a batch's are made in one call."""
 
-    def __init__(self, client: Client, sampling: Mapping[str, Any], *, max_in_flight: int,
-                 batch_turns: bool) -> None:
+    def __init__(self, client: Client, sampling: Mapping[str, Any], *, max_in_flight: int, batch_turns: bool,
+                 texts: Callable[[Sequence[dict[str, Any]]], list[str | None]] | None = None) -> None:
         self.client = client
         self.params = dict(sampling)
+        self.texts = texts
         self.limiter = asyncio.Semaphore(max_in_flight)
-        self.batcher = TurnBatcher(client, max_batch=max_in_flight) if batch_turns else None
+        self.batcher = TurnBatcher(client, max_batch=max_in_flight, read=self._read) if batch_turns else None
         self.in_flight: dict[str, None] = {}
+        # One parameters object per (budget, seed offset), shared by the requests that use it: a
+        # batch of turns with the same one sends it once.
+        self._sampling: dict[tuple[int, int], dict[str, Any]] = {}
 
-    async def generate(self, ids: list[int], budget: int, sample_index: int) -> tuple[dict[str, Any], float, float]:
-        """(the answer, its latency, the runner's own seconds building the payload)."""
+    def sampling(self, budget: int, sample_index: int) -> dict[str, Any]:
+        """The sampling parameters of a turn (n episodes of a seeded prompt: episode j draws with
+        seed + j, as generate()'s samples do); the same object for every turn that has them."""
+        key = (budget, sample_index if self.params.get("sampling_seed") is not None else 0)
+        params = self._sampling.get(key)
+        if params is None:
+            params = self._sampling[key] = seeded_sampling({**self.params, "max_new_tokens": budget}, sample_index)
+        return params
+
+    def _read(self, answers: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], str | None]]:
+        texts = self.texts(answers) if self.texts is not None else [None] * len(answers)
+        return list(zip(answers, texts))
+
+    async def generate(self, ids: list[int], budget: int, sample_index: int
+                       ) -> tuple[dict[str, Any], str | None, float, float]:
+        """(the answer, its text or None, its latency, the runner's own seconds building the payload)."""
         t = time.perf_counter()
-        # n episodes of a seeded prompt: episode j draws with seed + j, as generate()'s samples do.
-        params = seeded_sampling({**self.params, "max_new_tokens": budget}, sample_index)
+        params = self.sampling(budget, sample_index)
         own = time.perf_counter() - t
         async with self.limiter:
             t = time.perf_counter()
             rid = new_rid()
             self.in_flight[rid] = None
-            payload = {"input_ids": ids, "sampling_params": params, "return_logprob": True, "rid": rid}
             t0 = time.perf_counter()
             own += t0 - t
             cancelled = False
             try:
-                answer = await (self.batcher.generate(ids, params, rid) if self.batcher is not None
-                                else self.client.generate(payload))
+                if self.batcher is not None:
+                    answer, text = await self.batcher.generate(ids, params, rid)
+                else:
+                    answer = await self.client.generate({"input_ids": ids, "sampling_params": params,
+                                                         "return_logprob": True, "rid": rid})
+                    text = None
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: left for the caller's abort
                 raise
@@ -92,12 +113,31 @@ class TurnSender:
             answer = answer[0] if len(answer) == 1 else answer
         if not isinstance(answer, dict):
             raise RequestError(f"/generate answered {type(answer).__name__}, not one sample")
-        return answer, latency, own
+        return answer, text, latency, own
 
     async def close(self) -> None:
         """Wait for the batches still being sent (after their waiters were cancelled, say)."""
         if self.batcher is not None:
             await self.batcher.close()
+
+
+def turn_texts(tokenizer: Any, eos: int) -> Callable[[Sequence[dict[str, Any]]], list[str | None]]:
+    """What `TurnSender` decodes answers with: each answer's `output_ids` without a final EOS, as
+    the assistant's message, one `batch_decode` for a batch (None for every answer of a batch the
+    tokenizer refuses: each is then decoded alone, where its own error shows)."""
+    def texts(answers: Sequence[dict[str, Any]]) -> list[str | None]:
+        seqs = []
+        for answer in answers:
+            ids = answer.get("output_ids")
+            if not isinstance(ids, list):
+                return [None] * len(answers)
+            seqs.append(ids[:-1] if ids and ids[-1] == eos else ids)
+        try:
+            return list(tokenizer.batch_decode(seqs))
+        except Exception:
+            return [None] * len(answers)
+
+    return texts
 
 
 class EpisodeCall:
@@ -161,23 +201,24 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
         return "context_limit", f"turn {turn}: {call.too_long(len(record.ids))}"
     sent = len(record.ids)
     try:  # the request's own copy of the ids: whatever keeps the payload never sees the record grow
-        answer, latency, payload_s = await call.sender.generate(list(record.ids), budget, record.sample_index)
+        answer, text, latency, payload_s = await call.sender.generate(list(record.ids), budget, record.sample_index)
     except RequestError as e:
         return "request_error", f"turn {turn}: {e}"
     t = time.perf_counter()
     read = read_answer(answer)
     if read.finish == "abort":
         return "request_error", f"turn {turn}: the server aborted the request: {read.meta.get('finish_reason')}"
-    sampled = [int(i) for i in read.output_ids or []]
+    sampled: list[int] = read.output_ids or []  # decoded JSON: Python ints
     lps = read.token_logprobs() if read.output_ids is not None else []
     record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
-    text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
+    if text is None:
+        text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
     record.messages.append({"role": "assistant", "content": text})
     said = Turn(turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
                 finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
                 prompt_tokens=int(read.prompt_tokens or sent), latency_s=latency, rid=read.rid,
                 weight_version=read.weight_version, matched_stop=read.matched_stop)
-    record.extend(closing_ids(call.tokenizer, sampled), role="env", turn=turn)
+    record.extend(closing_ids(call.eos, sampled), role="env", turn=turn)
     return SampledTurn(said, sampled, lps, read.finish, read.rid, sent, payload_s + time.perf_counter() - t)
 
 

@@ -79,12 +79,21 @@ class EpisodeRecord:
 
     def extend(self, ids: Sequence[int], *, role: str, turn: int, mask: int = 0,
                logprobs: Sequence[float] | None = None) -> None:
-        """Append `ids` with their per-token labels (logprobs 0.0 unless given)."""
-        self.ids.extend(int(i) for i in ids)
-        self.loss_mask.extend([mask] * len(ids))
-        self.logprobs.extend([float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids))
-        self.turn_ids.extend([turn] * len(ids))
-        self.roles.extend([role] * len(ids))
+        """Append `ids` with their per-token labels (logprobs 0.0 unless given), as given: Python
+        ints and floats, which is what the server's decoded answers and the tokenizer give (this
+        runs for every turn of every episode, so it converts nothing).
+
+        Raises:
+            ValueError: `logprobs` of another length than `ids`.
+        """
+        n = len(ids)
+        if logprobs is not None and len(logprobs) != n:
+            raise ValueError(f"{len(logprobs)} logprobs for {n} ids")
+        self.ids.extend(ids)
+        self.loss_mask.extend([mask] * n)
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
+        self.turn_ids.extend([turn] * n)
+        self.roles.extend([role] * n)
 
     @property
     def assistant_turns(self) -> list[dict[str, Any]]:
@@ -138,13 +147,16 @@ class Turn:
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
-    _COMMON: ClassVar[tuple[str, ...]] = ("turn", "role", "text", "tokens", "logprob_mean", "tool_calls", "tool_calls_failed", "finish_reason",
-               "cached_tokens", "prompt_tokens", "latency_s")
-    _OWN: ClassVar[dict[str, tuple[str, ...]]] = {"assistant": ("rid", "weight_version", "matched_stop", "rlgen_s"),
-            "env": ("status", "done", "calls", "roles", "reward", "info")}
+    # Each role's keys, in order: the common ones, then the role's own.
+    _KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
+        role: ("turn", "role", "text", "tokens", "logprob_mean", "tool_calls", "tool_calls_failed", "finish_reason",
+               "cached_tokens", "prompt_tokens", "latency_s", *own)
+        for role, own in (("assistant", ("rid", "weight_version", "matched_stop", "rlgen_s")),
+                          ("env", ("status", "done", "calls", "roles", "reward", "info")))}
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in (*self._COMMON, *self._OWN[self.role])}
+        fields = self.__dict__
+        return {k: fields[k] for k in self._KEYS[self.role]}
 
 
 def data_columns(items: Sequence[Any]) -> dict[str, list[Any]]:

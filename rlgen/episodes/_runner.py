@@ -27,9 +27,9 @@ from ..client._generate import gather_or_abort
 from ..client._http import Client
 from ..client._prompts import CHAT_ROLES
 from ._env import as_environment
-from ._episode import Episode, EpisodeCall, TurnSender
+from ._episode import Episode, EpisodeCall, TurnSender, turn_texts
 from ._result import EpisodeRecord, data_columns
-from ._template import check_template
+from ._template import check_template, eos_id
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "LoopCall", "episode_data", "episode_prompts", "run_episodes"]
 
@@ -159,7 +159,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     items = episode_data(data, len(prompts))
     check_template(tokenizer, tools=environment.tools)
     sender = TurnSender(client, {**(sampling or {}), "max_new_tokens": max_new_tokens}, max_in_flight=max_in_flight,
-                        batch_turns=batch_turns)
+                        batch_turns=batch_turns, texts=turn_texts(tokenizer, eos_id(tokenizer)))
     call = EpisodeCall(tokenizer, environment, sender, max_turns=max_turns, max_new_tokens=max_new_tokens,
                        context_length=context_length)
     out = records if records is not None else []

@@ -221,6 +221,6 @@ class DeltaRenderer:
 def closing_ids(tokenizer: Any, last_turn_ids: Sequence[int]) -> list[int]:
     """What to append after a sampled assistant turn before `message_delta_ids` applies: `[]` when
     the turn ended with EOS, else `[eos]` (it stopped on a stop string or on length). The appended
-    EOS was not sampled: give it mask 0 (and logprob 0)."""
-    eos = eos_id(tokenizer)
+    EOS was not sampled: give it mask 0 (and logprob 0). `tokenizer` may be its EOS id itself."""
+    eos = tokenizer if isinstance(tokenizer, int) else eos_id(tokenizer)
     return [] if last_turn_ids and last_turn_ids[-1] == eos else [eos]
