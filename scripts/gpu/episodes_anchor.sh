@@ -6,7 +6,9 @@
 #   bash scripts/gpu/episodes_anchor.sh small   # 135M ($RLGEN_TEST_MODEL), 7 repeats (~4-5 min fresh)
 #   bash scripts/gpu/episodes_anchor.sh large   # a random-weight 1.7B Llama (bench/make_checkpoint.py
 #                                               # --shape llama-1.7b, ~20 s on the GPU), 5 repeats (~6-8 min fresh)
-#   bash scripts/gpu/episodes_anchor.sh sync    # 135M with the environment a plain function (a thread per step)
+#   bash scripts/gpu/episodes_anchor.sh sync    # 135M with the environment a plain function (a worker thread per step)
+#   bash scripts/gpu/episodes_anchor.sh client  # bench/episodes_client.py: the same call against an instant
+#                                               # server (no GPU): what rlgen adds, on this machine's CPU (~1 min)
 # Each part writes its JSON and text straight to $OUT, so a call cut by its time limit keeps what it had.
 # Extra arguments for bench/episodes.py (later ones win): e.g. a dry run of this script on a CPU
 # machine, RLGEN_EPISODES_ARGS="--backend cpu --quick --repeats 2" (with OUT and RLGEN_TEST_MODEL set;
@@ -30,6 +32,14 @@ python3 bench/_common.py --for "bash scripts/gpu/episodes_anchor.sh $PART" > "$O
 case "$PART" in
   small) anchor 0.135b "$RLGEN_TEST_MODEL" 450 7 ;;
   sync) anchor 0.135b-sync "$RLGEN_TEST_MODEL" 450 7 --sync-env ;;
+  client)
+    for env in async sync; do
+      flag=(); [ "$env" = sync ] && flag=(--sync-env)
+      t0=$SECONDS
+      timeout 200 python3 bench/episodes_client.py --model "$RLGEN_TEST_MODEL" --out "$OUT/episodes_client-$env.json" \
+        "${flag[@]}" > "$OUT/episodes_client-$env.txt" 2>&1
+      echo "client $env: exit $? in $((SECONDS - t0)) s"; tail -7 "$OUT/episodes_client-$env.txt"
+    done ;;
   large)
     model=${RLGEN_ANCHOR_LARGE_MODEL:-/tmp/ckpt/llama-1.7b}
     if [ ! -d "$model" ]; then
@@ -38,7 +48,7 @@ case "$PART" in
       echo "checkpoint llama-1.7b: exit $? in $((SECONDS - t0)) s"
     fi
     anchor 1.7b "$model" 480 5 ;;
-  *) echo "usage: bash scripts/gpu/episodes_anchor.sh small|large|sync" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu/episodes_anchor.sh small|large|sync|client" >&2; exit 2 ;;
 esac
 ps aux | grep -E "[s]glang.launch_server" | head -5 > "$OUT/leftover-anchor-$PART.txt"
 echo "leftover server processes: $(wc -l < "$OUT/leftover-anchor-$PART.txt")"
