@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -133,3 +134,25 @@ def test_a_stream_cut_off_midway_fails_with_a_request_error() -> None:
     with pytest.raises(RequestError, match="broke off before it finished"):
         _run(main)
     assert len(got) == 1  # the chunk before the cut came through
+
+
+def test_an_answers_logprobs_read_one_float_per_sampled_id_whatever_the_entries() -> None:
+    from rlgen.client._answer import read_answer
+
+    def logprobs(entries: Any, ids: list[int]) -> list[float]:
+        return read_answer({"output_ids": ids, "meta_info": {"output_token_logprobs": entries}}).token_logprobs()
+
+    assert logprobs([[-0.5, 7, None], [-1.5, 8, "x"]], [7, 8]) == [-0.5, -1.5]
+    assert logprobs([[None, 7, None], [-1, 8]], [7, 8]) == [0.0, -1.0]      # None is 0.0
+    assert logprobs([[-0.5, 7], [], None], [7, 8, 9]) == [-0.5, 0.0, 0.0]  # empty or missing entries
+    assert logprobs([[-0.5, 7]], [7, 8, 9]) == [-0.5, 0.0, 0.0]           # fewer entries than ids
+    assert logprobs([[-0.5, 7], [-0.25, 8]], [7]) == [-0.5]               # more entries than ids
+    assert logprobs(None, [7]) == [0.0]
+
+
+def test_request_ids_are_unique_and_name_this_process() -> None:
+    from rlgen.client._generate import new_rid
+
+    rids = [new_rid() for _ in range(1000)]
+    assert len(set(rids)) == 1000 and all(r.startswith("rlgen-") for r in rids)
+    assert len({r.rsplit("-", 1)[0] for r in rids}) == 1  # one prefix per process

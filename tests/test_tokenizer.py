@@ -168,6 +168,11 @@ def test_the_default_model_gives_the_same_ids_text_and_special_tokens_as_autotok
             hf.convert_ids_to_tokens(row, skip_special_tokens=True)
         assert light.convert_tokens_to_ids(light.convert_ids_to_tokens(row)) == row
     assert light.batch_decode(ids, skip_special_tokens=True) == hf.batch_decode(ids, skip_special_tokens=True)
+    # lists of ints go to the Rust backend in one call; tuples, arrays and numpy ints one by one: the same text
+    assert light.batch_decode(ids) == hf.batch_decode(ids) == [hf.decode(row) for row in ids]
+    import numpy as np
+    mixed = [tuple(ids[0]), np.array(ids[1]), [np.int64(i) for i in ids[-1]]]
+    assert light.batch_decode(mixed) == [hf.decode(list(map(int, row))) for row in mixed]
     for text in TEXTS:
         assert light.tokenize(text) == hf.tokenize(text)
     assert light.decode(2) == hf.decode(2) and light.convert_tokens_to_ids("not-a-token") == hf.unk_token_id

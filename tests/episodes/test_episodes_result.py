@@ -184,3 +184,62 @@ def test_a_turn_is_kept_as_the_dict_of_its_role_with_the_turns_frame_columns_in_
     said = Turn(1, "env", text="4", tokens=3, tool_calls=1, tool_calls_failed=0, status=None, done=False)
     assert list(said.as_dict()) == [*common, "status", "done", "calls", "roles", "reward", "info"]
     assert said.as_dict()["tokens"] == 3 and said.as_dict()["logprob_mean"] is None
+
+
+def test_a_built_result_has_each_records_ids_logprobs_and_sums_exactly() -> None:
+    import random
+
+    from rlgen.episodes import EpisodeRecord
+    from rlgen.episodes._result import Turn
+
+    rng = random.Random(3)
+    records = []
+    for p in range(3):
+        for s in range(2):
+            r = EpisodeRecord(p, s, messages=[{"role": "user", "content": f"q{p}"}], n_prompt_messages=1)
+            r.extend([rng.randrange(5, 900) for _ in range(4 + p)], role="prompt", turn=0)
+            r.prompt_len = 4 + p
+            for turn in range(1 + s):
+                k = rng.randrange(1, 6)
+                r.extend([rng.randrange(5, 900) for _ in range(k)], role="assistant", turn=turn, mask=1,
+                         logprobs=[-rng.random() * 7 for _ in range(k)])
+                r.extend([2, 9, 9], role="env", turn=turn)
+                r.turns.append(Turn(turn, "assistant", text="a", tokens=k).as_dict())
+            r.status = "done"
+            records.append(r)
+    records[-1].status, records[-1].ids[records[-1].prompt_len:] = "template_error", []  # nothing after its prompt
+    for name in ("loss_mask", "logprobs", "turn_ids", "roles"):
+        del getattr(records[-1], name)[records[-1].prompt_len:]
+    res = episodes_from_records(records, pad_token_id=0)
+    for i, r in enumerate(records):
+        assert res.id_lists("prompt", rows=[i])[0] == r.ids[:r.prompt_len]
+        assert res.id_lists("response", rows=[i])[0] == r.ids[r.prompt_len:]
+        sampled = [lp for lp, m in zip(r.logprobs, r.loss_mask) if m]
+        row = res.df.iloc[i]
+        if sampled:
+            assert row.logprob_sum == sum(sampled) and row.logprob_mean == sum(sampled) / len(sampled)
+        else:
+            assert math.isnan(row.logprob_sum) and math.isnan(row.logprob_mean)
+        assert row.sampled_tokens == sum(r.loss_mask) and row.completion_tokens == len(r.ids) - r.prompt_len
+
+
+def test_plain_turns_and_messages_are_kept_and_anything_else_is_stored_as_json_would() -> None:
+    from rlgen.episodes._episodes import _json_safe
+
+    plain = [{"role": "tool", "content": "4", "calls": [{"name": "add", "result": 4.0, "ok": True, "x": None}]}]
+    assert _json_safe(plain) is plain  # not copied
+    odd = {"t": (1, 2), 3: "int key", "obj": Exception("boom"), "nan": math.nan}
+    safe = _json_safe(odd)
+    assert safe["t"] == [1, 2] and safe["3"] == "int key" and safe["obj"] == "Exception('boom')" and math.isnan(safe["nan"])
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    with pytest.raises(ValueError, match="Circular"):
+        _json_safe(cyclic)
+
+
+def test_a_record_refuses_logprobs_that_do_not_match_its_ids() -> None:
+    from rlgen.episodes import EpisodeRecord
+
+    r = EpisodeRecord(0, 0)
+    with pytest.raises(ValueError, match="1 logprobs for 2 ids"):
+        r.extend([5, 6], role="assistant", turn=0, mask=1, logprobs=[-0.1])

@@ -246,19 +246,44 @@ def test_a_seed_gives_each_of_the_n_episodes_its_own_draw_and_repeats_exactly(en
 def test_turns_that_are_ready_together_go_as_one_batched_request_and_give_the_same_episodes(
         engine: rlgen.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
+    params: list[Any] = []
     post = engine._client.generate
 
     async def spy(payload: dict[str, Any]) -> Any:
         ids = payload["input_ids"]
         sizes.append(len(ids) if ids and isinstance(ids[0], list) else 1)
+        params.append(payload["sampling_params"])
         return await post(payload)
 
     monkeypatch.setattr(engine._client, "generate", spy)
     kw = dict(env=again_once, n=3, max_turns=3, max_new_tokens=4, temperature=0, ignore_eos=True)
     batched = engine.episodes(["What is 2+2?", "Name a colour."], **kw)
     assert sizes == [6, 6] and batched.df.status.eq("done").all()       # 6 episodes x 2 turns, in step
+    # the turns share their sampling parameters: sent once per batch, as one dict
+    assert all(isinstance(p, dict) and p["max_new_tokens"] == 4 and p["ignore_eos"] for p in params)
+    params.clear()
+    seeded = engine.episodes(["What is 2+2?"], env=again_once, n=3, max_turns=2, max_new_tokens=4, sampling_seed=11)
+    # a seeded call's episodes draw with seed + j: one dict per episode in each batch
+    assert [[p["sampling_seed"] for p in batch] for batch in params] == [[11, 12, 13]] * 2
+    assert seeded.df.status.eq("done").all()
+    params.clear()
     sizes.clear()
     single = engine.episodes(["What is 2+2?", "Name a colour."], batch_turns=False, **kw)
     assert sizes == [1] * 12
     assert [r.ids for r in single.records] == [r.ids for r in batched.records]   # greedy: the same episodes
     assert [r.loss_mask for r in single.records] == [r.loss_mask for r in batched.records]
+
+
+@pytest.mark.timeout(120)
+def test_the_cyclic_gc_is_paused_while_episodes_run_and_resumed_after(engine: rlgen.Engine) -> None:
+    import gc
+
+    seen: list[bool] = []
+
+    def env(messages: list[dict[str, Any]], data: Any) -> str:
+        seen.append(gc.isenabled())
+        return "done"
+
+    assert gc.isenabled()
+    res = engine.episodes(["Say something."], env=env, n=2, max_turns=1, max_new_tokens=4)
+    assert seen == [False, False] and gc.isenabled() and res.df.status.eq("done").all()

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import math
+import sys
 import time
 from typing import Any, Literal, Optional
 
@@ -340,3 +341,20 @@ def test_parse_with_server_maps_sglang_answer() -> None:
                                         "x", tools))
     assert bad.calls == () and bad.error is not None
     json.dumps(body)  # what is sent is plain JSON
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks are Python 3.12+")
+def test_an_async_call_that_never_waits_ends_before_the_event_loop_turns() -> None:
+    # hundreds of episodes' steps each paid a turn of the loop (and a task's scheduling) for nothing
+    from rlgen.episodes._tools import run_contained
+
+    async def quick() -> int:
+        return 5
+
+    async def main() -> None:
+        coro = run_contained(quick, timeout=1.0)
+        with pytest.raises(StopIteration) as stop:
+            coro.send(None)
+        assert stop.value.value.value == 5
+
+    asyncio.run(main())

@@ -1,0 +1,80 @@
+"""rlgen.episodes._coalesce: turn requests that arrive together sent as one batched /generate."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rlgen.core._errors import RequestError
+from rlgen.episodes._coalesce import TurnBatcher
+
+
+class Client:
+    """Answers a batch with one entry per prompt (or what `answers` says), keeping each payload."""
+
+    def __init__(self, answers: Any = None) -> None:
+        self.payloads: list[dict[str, Any]] = []
+        self.answers = answers
+
+    async def generate(self, payload: dict[str, Any]) -> Any:
+        self.payloads.append(payload)
+        if self.answers is not None:
+            return self.answers
+        return [{"output_ids": ids[-1:], "meta_info": {"id": rid}} for ids, rid in zip(payload["input_ids"], payload["rid"])]
+
+
+async def send(batcher: TurnBatcher, requests: list[tuple[list[int], dict[str, Any], str]]) -> list[Any]:
+    return await asyncio.gather(*(batcher.generate(ids, params, rid) for ids, params, rid in requests),
+                                return_exceptions=True)
+
+
+def test_requests_sharing_one_parameters_object_send_it_once() -> None:
+    client, shared = Client(), {"max_new_tokens": 4}
+    batcher = TurnBatcher(client, max_batch=3)  # type: ignore[arg-type]
+    got = asyncio.run(send(batcher, [([1], shared, "a"), ([2], shared, "b"), ([3], shared, "c")]))
+    assert [g["meta_info"]["id"] for g in got] == ["a", "b", "c"]
+    (payload,) = client.payloads
+    assert payload["sampling_params"] is shared and payload["rid"] == ["a", "b", "c"]
+
+
+def test_requests_with_their_own_parameters_send_a_list() -> None:
+    client = Client()
+    batcher = TurnBatcher(client, max_batch=2)  # type: ignore[arg-type]
+    first, second = {"sampling_seed": 1}, {"sampling_seed": 2}
+    asyncio.run(send(batcher, [([1], first, "a"), ([2], second, "b")]))
+    assert client.payloads[0]["sampling_params"] == [first, second]
+
+
+def test_read_makes_each_waiters_item_once_per_batch_and_a_bad_entry_fails_its_waiter_only() -> None:
+    answers = [{"output_ids": [1]}, "not a sample", {"output_ids": [3]}]
+    calls: list[int] = []
+
+    def read(entries: Any) -> list[Any]:
+        calls.append(len(entries))
+        return [("read", e["output_ids"][0]) for e in entries]
+
+    batcher = TurnBatcher(Client(answers), max_batch=3, read=read)  # type: ignore[arg-type]
+    got = asyncio.run(send(batcher, [([1], {}, "a"), ([2], {}, "b"), ([3], {}, "c")]))
+    assert calls == [2]  # the two samples, in one call
+    assert got[0] == ("read", 1) and got[2] == ("read", 3)
+    assert isinstance(got[1], RequestError) and "not one sample" in str(got[1])
+
+
+def test_a_batch_that_fails_fails_every_waiter() -> None:
+    class Failing(Client):
+        async def generate(self, payload: dict[str, Any]) -> Any:
+            raise RequestError("the server is gone")
+
+    batcher = TurnBatcher(Failing(), max_batch=2)  # type: ignore[arg-type]
+    got = asyncio.run(send(batcher, [([1], {}, "a"), ([2], {}, "b")]))
+    assert all(isinstance(g, RequestError) for g in got)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_batch_that_does_not_fill_leaves_after_its_linger(count: int) -> None:
+    client = Client()
+    batcher = TurnBatcher(client, max_batch=8, linger_s=0.01)  # type: ignore[arg-type]
+    got = asyncio.run(send(batcher, [([i], {}, str(i)) for i in range(count)]))
+    assert len(got) == count and batcher.batches == [count]
