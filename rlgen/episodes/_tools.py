@@ -466,7 +466,8 @@ async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs
                         timeout: float | None) -> Ran:
     """Call `fn(*args, **kwargs)` from a task on the running loop, contained: an `async def`
     function (or an object whose `__call__` is one) as a task of its own, a plain one in a daemon
-    thread of its own (at most `MAX_THREADS` at once per loop); a coroutine a plain function
+    thread that runs nothing else meanwhile (a reused worker, `_workers`; at most `MAX_THREADS` at
+    once per loop); a coroutine a plain function
     returns is awaited too, within the same `timeout`. Never raises for what `fn` does, and never
     waits for it past `timeout`: a task is then cancelled, a thread left to finish on its own (see
     the module docstring). Cancelling the caller gives the call up the same way."""
