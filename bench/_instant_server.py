@@ -5,7 +5,7 @@ Not a benchmark and not a test double of SGLang's behaviour: it serves the nativ
 `output_token_logprobs`, `finish_reason`, `prompt_tokens`, `cached_tokens`, `e2e_latency` out;
 exactly `max_new_tokens` random ids per sample; the info, health, flush and abort routes rlgen's
 `Engine.connect` and the benchmarks call), so that a client's time against it is the client's own
-work and the HTTP round trip, with no model behind it. `episodes_client.py` starts it.
+work and the HTTP round trip, with no model behind it. `episodes_client.py` starts it; it exits when the process that started it is gone.
 
     python bench/_instant_server.py MODEL_DIR PORT [SECONDS_PER_REQUEST]
 """
@@ -13,6 +13,7 @@ work and the HTTP round trip, with no model behind it. `episodes_client.py` star
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 from typing import Any
@@ -67,6 +68,20 @@ def build(model: str, delay: float) -> web.Application:
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", ok)
     app.router.add_post("/abort_request", ok)
+
+    async def orphaned(app: web.Application) -> Any:
+        parent = os.getppid()
+
+        async def watch() -> None:
+            while os.getppid() == parent:
+                await asyncio.sleep(0.5)
+            os._exit(0)  # the bench that started it was killed: nothing will stop this server
+
+        task = asyncio.ensure_future(watch())
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(orphaned)
     return app
 
 

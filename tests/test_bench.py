@@ -398,3 +398,22 @@ def test_run_log_bench_reports_the_kept_run_again_with_its_verdicts(tmp_path: Pa
     assert record["targets"][0]["value"] == pytest.approx(2.112, abs=1e-3)
     out = capsys.readouterr().out
     assert "Where trend_cold's time goes" in out and "4.17x" in out
+
+
+@pytest.mark.timeout(120)
+def test_the_episodes_client_bench_runs_against_its_instant_server(model_path: str, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "episodes_client.py"
+    out = tmp_path / "client.json"
+    done = subprocess.run([sys.executable, str(script), "--prompts", "2", "--n", "2", "--turns", "2", "--turn-tokens", "4",
+                           "--repeats", "3", "--model", model_path, "--out", str(out)],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    for method in ("episodes", "lockstep"):  # 4 episodes x 2 turns x 4 tokens, every run, GC recorded
+        runs = data["results"][method]["runs"]
+        assert len(runs) == 3 and all(r["tokens"] == 32 and "gc" in r for r in runs)
+    assert data["complete"] and data["summary"]["difference_s"] is not None
+    assert "episodes - lockstep" in done.stdout

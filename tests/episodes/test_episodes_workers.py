@@ -24,13 +24,14 @@ def call(fn) -> tuple[threading.Event, dict]:
 
 @pytest.mark.timeout(30)
 def test_calls_one_after_another_reuse_one_idle_worker() -> None:
+    idle = _workers._idle  # workers earlier calls in this process left idle: any of them may take a call
     threads = set()
     for _ in range(20):
         done, box = call(lambda: 1)
         assert done.wait(5)
         threads.add(box["thread"])
         time.sleep(0.01)  # the worker is idle again before the next call
-    assert len(threads) <= 2  # a new thread per call gave 20
+    assert len(threads) <= idle + 1  # a new thread per call gave 20
 
 
 @pytest.mark.timeout(30)
