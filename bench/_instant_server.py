@@ -5,7 +5,8 @@ Not a benchmark and not a test double of SGLang's behaviour: it serves the nativ
 `output_token_logprobs`, `finish_reason`, `prompt_tokens`, `cached_tokens`, `e2e_latency` out;
 exactly `max_new_tokens` random ids per sample; the info, health, flush and abort routes rlgen's
 `Engine.connect` and the benchmarks call), so that a client's time against it is the client's own
-work and the HTTP round trip, with no model behind it. `episodes_client.py` starts it; it exits when the process that started it is gone.
+work and the HTTP round trip, with no model behind it. `episodes_client.py` starts it; it exits
+when the process that started it is gone.
 
     python bench/_instant_server.py MODEL_DIR PORT [SECONDS_PER_REQUEST]
 """

@@ -35,7 +35,7 @@ Default sizes: 64 prompts x n=4 = 256 episodes x 4 assistant turns x 64 tokens (
 tokens per run, every method). `--eos`: turns end at the model's EOS (or at `--turn-tokens`), so
 their lengths differ as real turns do, and a batched turn waits for its longest; the methods then
 sample different token counts, so only tokens/s compares. `--sync-env`: the environment a plain
-function (rlgen runs each step in a thread of its own), not an `async def`. --quick: 2 prompts x 2
+function (rlgen runs each step on a worker thread), not an `async def`. --quick: 2 prompts x 2
 x 4 turns x 4 tokens (a smoke run on the CPU backend: its numbers mean nothing).
 
 Measured, per timed run (every repeat's raw numbers go to the JSON):
@@ -680,7 +680,7 @@ def main() -> None:
     ap.add_argument("--turn-tokens", type=int, default=None, help="tokens per turn, K (default 64; 4 with --quick)")
     ap.add_argument("--max-in-flight", type=int, default=None, help="episodes' requests in flight (default: all)")
     ap.add_argument("--sync-env", action="store_true", help="the environment a plain function (rlgen runs "
-                    "each of its steps in a thread), not an async def")
+                    "each of its steps on a worker thread), not an async def")
     ap.add_argument("--eos", action="store_true", help="turns end at the model's EOS (at most --turn-tokens): "
                     "lengths differ as real turns' do")
     ap.add_argument("--methods", type=lambda v: [m for m in v.split(",") if m], default=list(METHODS),

@@ -146,7 +146,7 @@ def main() -> None:
     ap = C.base_parser(__doc__, repeats=15)
     for key, default in (("prompts", 64), ("n", 4), ("turns", 4), ("turn-tokens", 64)):
         ap.add_argument(f"--{key}", type=int, default=default)
-    ap.add_argument("--sync-env", action="store_true", help="the environment a plain function (a thread per step)")
+    ap.add_argument("--sync-env", action="store_true", help="the environment a plain function (each step on a worker thread)")
     ap.add_argument("--gpu-lockstep-s", type=float, default=GPU_LOCKSTEP_S)
     ap.add_argument("--profile", type=int, nargs="?", const=40, default=0, help="profile one more episodes call")
     args = ap.parse_args()

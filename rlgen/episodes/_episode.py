@@ -48,7 +48,7 @@ from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
 from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
-__all__ = ["Episode", "EpisodeCall", "SampledTurn", "TurnSender", "sample_turn", "turn_texts"]
+__all__ = ["Episode", "EpisodeCall", "SampledTurn", "TurnSender", "sample_turn", "text_ids", "turn_texts"]
 
 
 class TurnSender:
@@ -58,7 +58,7 @@ class TurnSender:
     could not: the caller decodes that one itself); a batch's are made in one call."""
 
     def __init__(self, client: Client, sampling: Mapping[str, Any], *, max_in_flight: int, batch_turns: bool,
-                 texts: Callable[[Sequence[dict[str, Any]]], list[str | None]] | None = None) -> None:
+                 texts: Callable[[Sequence[dict[str, Any]]], list[str | None]]) -> None:
         self.client = client
         self.params = dict(sampling)
         self.texts = texts
@@ -79,8 +79,7 @@ class TurnSender:
         return params
 
     def _read(self, answers: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], str | None]]:
-        texts = self.texts(answers) if self.texts is not None else [None] * len(answers)
-        return list(zip(answers, texts))
+        return list(zip(answers, self.texts(answers)))
 
     async def generate(self, ids: list[int], budget: int, sample_index: int
                        ) -> tuple[dict[str, Any], str | None, float, float]:
@@ -121,6 +120,11 @@ class TurnSender:
             await self.batcher.close()
 
 
+def text_ids(sampled: list[int], eos: int) -> list[int]:
+    """The ids of a sampled turn's text: all but a final EOS (the assistant's message does not hold it)."""
+    return sampled[:-1] if sampled and sampled[-1] == eos else sampled
+
+
 def turn_texts(tokenizer: Any, eos: int) -> Callable[[Sequence[dict[str, Any]]], list[str | None]]:
     """What `TurnSender` decodes answers with: each answer's `output_ids` without a final EOS, as
     the assistant's message, one `batch_decode` for a batch (None for every answer of a batch the
@@ -131,7 +135,7 @@ def turn_texts(tokenizer: Any, eos: int) -> Callable[[Sequence[dict[str, Any]]],
             ids = answer.get("output_ids")
             if not isinstance(ids, list):
                 return [None] * len(answers)
-            seqs.append(ids[:-1] if ids and ids[-1] == eos else ids)
+            seqs.append(text_ids(ids, eos))
         try:
             return list(tokenizer.batch_decode(seqs))
         except Exception:
@@ -212,7 +216,7 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
     lps = read.token_logprobs() if read.output_ids is not None else []
     record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
     if text is None:
-        text = call.tokenizer.decode(sampled[:-1] if sampled and sampled[-1] == call.eos else sampled)
+        text = call.tokenizer.decode(text_ids(sampled, call.eos))
     record.messages.append({"role": "assistant", "content": text})
     said = Turn(turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
                 finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,

@@ -38,7 +38,8 @@ owns for the environment's steps too (`_env`): a plain function runs in a daemon
 other call holds (`_workers`: an idle worker, or a new one; never asyncio's default executor,
 whose few threads a hung call would hold: the next calls queued behind it and timed out without
 having started, and `asyncio.run()` and interpreter exit joined it), an `async def` one as a task
-of its own (started at once on Python 3.12+: a call that does not wait ends before the next). Exceptions become "tool_error" with the
+of its own (started at once on Python 3.12+: a call that does not wait ends before the next).
+Exceptions become "tool_error" with the
 traceback (SystemExit and KeyboardInterrupt too: out of a task they would stop the event loop that
 runs every episode), a call that outlives `timeout` becomes "tool_timeout". **A timed-out call
 cannot be killed**: Python cannot stop a thread, so the call goes on in its daemon thread until it
@@ -467,8 +468,7 @@ async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs
     """Call `fn(*args, **kwargs)` from a task on the running loop, contained: an `async def`
     function (or an object whose `__call__` is one) as a task of its own, a plain one in a daemon
     thread that runs nothing else meanwhile (a reused worker, `_workers`; at most `MAX_THREADS` at
-    once per loop); a coroutine a plain function
-    returns is awaited too, within the same `timeout`. Never raises for what `fn` does, and never
+    once per loop); a coroutine a plain function returns is awaited too, within the same `timeout`. Never raises for what `fn` does, and never
     waits for it past `timeout`: a task is then cancelled, a thread left to finish on its own (see
     the module docstring). Cancelling the caller gives the call up the same way."""
     kw = dict(kwargs or {})
