@@ -14,15 +14,18 @@ order, each after a prefix-cache flush):
                ignore_eos=True, temperature=1, max_in_flight=<all episodes>) and its .df: the
                turns that are ready together sent as one batched /generate (the default)
     episodes-single  the same with batch_turns=False: one /generate request per turn
+    episodes-split   the same, each turn's batch sent in parts of at most --split-batch turns (64),
+               each part as soon as it is ready (an experiment: does sending the first part while
+               the runner still reads the rest of the answer hide its time behind the server's?)
     lockstep   what a user writes without rlgen (`lockstep`, plain aiohttp + orjson on the Engine's
                URL, no rlgen code): per turn ONE POST /generate of all N x prompts histories as
                `input_ids` (one `sampling_params` for all: max_new_tokens=K, ignore_eos, T=1;
                `return_logprob`), then each history += the sampled ids (+ EOS when the turn did not
                end with it) + the reply's template delta. The delta is rendered once per run with
                `rlgen.episodes.message_delta_ids(tok, [reply])`: the reply is the same every turn,
-               so a hand-written loop renders it once (rlgen renders each episode's own). It starts
-               from the same first-turn ids as generate (rendered before the timing; the episodes
-               render theirs inside it)
+               so a hand-written loop renders it once (rlgen renders each episode's own). Timed
+               from the chats, as the episodes are: it renders their first-turn ids inside the
+               timing
     generate   eng.generate(<the same chats' first-turn ids>, n=N, max_new_tokens=T*K,
                ignore_eos=True, temperature=1, cache=False) and its .df: the same sampled tokens
                in ONE single-turn call (rlgen's default chunking)
@@ -81,7 +84,7 @@ import shlex
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,8 +99,8 @@ REPLY = "Continue."
 TARGET_RATIO, TARGET_CACHED, TARGET_OWN_PCT = 0.95, 0.9, 5.0  # the ratio: episodes / lockstep
 # "episodes": the turns that are ready together sent as one batched /generate (the default);
 # "episodes-single": one request per turn (batch_turns=False), as before the batcher; "lockstep":
-# the hand-written loop (`lockstep`), the anchor.
-METHODS = ("episodes", "episodes-single", "lockstep", "generate")
+# the hand-written loop (`lockstep`), the anchor; "episodes-split": batches sent in parts.
+METHODS = ("episodes", "episodes-single", "episodes-split", "lockstep", "generate")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,20 +129,27 @@ def fixed_reply(turns: int, *, sync: bool = False) -> Callable[[list[dict[str, A
 # The hand-written anchor: every episode's turn k in one batched /generate
 
 
-async def lockstep(url: str, histories: Sequence[Sequence[int]], *, turns: int, sampling: dict[str, Any], eos: int,
-                   delta: Sequence[int]) -> tuple[int, list[int]]:
-    """What a user writes without rlgen (~30 lines of aiohttp): per turn ONE POST /generate of every
-    history as `input_ids` (one `sampling_params` for all, `return_logprob`), then each history +=
-    the sampled ids, + EOS when the turn did not end with it, + `delta` (the fixed reply's template
-    delta, rendered once by the caller: the reply is the same every turn). JSON by orjson, as
-    rlgen's client; the cyclic GC paused while an answer is decoded, as rlgen's client does.
-    Returns (sampled tokens, samples per request)."""
+async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any, *, n: int, turns: int,
+                   sampling: dict[str, Any], reply: str) -> tuple[int, list[int]]:
+    """What a user writes without rlgen (~30 lines of aiohttp), timed from the chats as an episodes
+    call is: each chat's ids rendered by the tokenizer (n histories a chat, prompt-major) and the
+    fixed reply's template delta rendered once (the reply is the same every turn); then per turn ONE
+    POST /generate of every history as `input_ids` (one `sampling_params` for all,
+    `return_logprob`), and each history += the sampled ids, + EOS when the turn did not end with it,
+    + the delta. JSON by orjson, as rlgen's client; the cyclic GC paused while an answer is
+    decoded, as rlgen's client does. Returns (sampled tokens, samples per request)."""
     import gc
 
     import aiohttp
     import orjson
 
-    ids = [list(h) for h in histories]
+    from rlgen.episodes import message_delta_ids
+
+    eos = tokenizer.eos_token_id
+    delta = message_delta_ids(tokenizer, [{"role": "user", "content": reply}])
+    first = [tokenizer.apply_chat_template([dict(m) for m in chat], add_generation_prompt=True, tokenize=True,
+                                           return_dict=False) for chat in chats]
+    ids = [list(f) for f in first for _ in range(n)]
     logprobs: list[list[Any]] = [[] for _ in ids]  # kept, as a trainer needs them
     sampled, sizes = 0, []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -162,7 +172,7 @@ async def lockstep(url: str, histories: Sequence[Sequence[int]], *, turns: int, 
                 sampled += len(out)
                 kept.extend(answer["meta_info"]["output_token_logprobs"])
                 if turn + 1 < turns:
-                    history += out + ([] if out and out[-1] == eos else [eos]) + list(delta)
+                    history += out + ([] if out and out[-1] == eos else [eos]) + delta
     return sampled, sizes
 
 
@@ -174,12 +184,15 @@ class RequestLog:
     """Wraps an Engine's HTTP client (`eng._client`) while `installed`: every /generate request is
     timed (send, answer) and keyed by hash(input_ids + output_ids), which is the episode's ids up to
     the end of that turn's sampled tokens, so that requests are matched to records afterwards
-    whatever list objects the runner passed. Also counts requests in flight (`peak`)."""
+    whatever list objects the runner passed. The timed call keeps only references to the payload's
+    and the answer's id lists (neither changes afterwards: the runner sends a copy of its ids);
+    `entries` hashes them when read, after the timing, so that the log adds no per-token work to the
+    call it times. Also counts requests in flight (`peak`)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        # (sent, answered, key, input length, output length, SGLang's e2e_latency or None)
-        self.entries: list[tuple[float, float, int, int, int, float | None]] = []
+        # (sent, answered, input ids, output ids, SGLang's e2e_latency or None): `entries` once read
+        self._kept: list[tuple[float, float, list[int], list[int], float | None]] = []
         self.sizes: list[int] = []  # samples per HTTP request, in order (`entries` has one per sample)
         self.in_flight = 0
         self.peak = 0
@@ -208,9 +221,14 @@ class RequestLog:
             out = one.get("output_ids") if isinstance(one, dict) else None
             if isinstance(item, list) and isinstance(out, list):
                 e2e = (one.get("meta_info") or {}).get("e2e_latency")
-                self.entries.append((sent, answered, hash((*item, *out)), len(item), len(out),
-                                     float(e2e) if isinstance(e2e, (int, float)) else None))
+                self._kept.append((sent, answered, item, out, float(e2e) if isinstance(e2e, (int, float)) else None))
         return answer
+
+    @property
+    def entries(self) -> list[tuple[float, float, int, int, int, float | None]]:
+        """Per sample: (sent, answered, key, input length, output length, SGLang's e2e_latency or None)."""
+        return [(sent, answered, hash((*item, *out)), len(item), len(out), e2e)
+                for sent, answered, item, out, e2e in self._kept]
 
     @contextmanager
     def installed(self, eng: Any) -> Iterator[RequestLog]:
@@ -471,12 +489,12 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
         record.save()
         pending: dict[str, Any] = {}
         methods = timed_methods(eng, prompts, pending, turns=T, turn_tokens=K, ignore_eos=ignore_eos,
-                                max_in_flight=max_in_flight, sync_env=args.sync_env)
+                                max_in_flight=max_in_flight, sync_env=args.sync_env, split_batch=args.split_batch)
         methods = {name: run for name, run in methods.items() if name in args.methods}
 
         def after_each(partial: dict[str, Any]) -> None:
             name, res, log, start = pending.pop("last", (None, None, None, 0.0))
-            if name in ("episodes", "episodes-single") and partial[name]["runs"]:
+            if name in ("episodes", "episodes-single", "episodes-split") and partial[name]["runs"]:
                 partial[name]["runs"][-1]["details"] = analyse(res.records, log, start, turns=T, turn_tokens=K)
             elif name == "generate" and partial[name]["runs"] and log is not None:
                 partial[name]["runs"][-1]["details"] = {"phases": turn_phases(log.batches)}
@@ -494,21 +512,45 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
         eng.close()
 
 
+@contextmanager
+def split_batches(most: int | None) -> Iterator[None]:
+    """While open, the episodes' turn batches hold at most `most` turns each (None: as rlgen sends
+    them). An experiment's switch, not an option of rlgen's: it swaps the batcher class the runner
+    makes for one with a smaller `max_batch`."""
+    if most is None:
+        yield
+        return
+    from rlgen.episodes import _episode
+
+    limit = most
+    original = getattr(_episode, "TurnBatcher")  # noqa: B009 - the runner's module, not its public surface
+
+    class Split(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, max_batch: int = 256, **kwargs: Any) -> None:
+            super().__init__(*args, max_batch=min(max_batch, limit), **kwargs)
+
+    setattr(_episode, "TurnBatcher", Split)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(_episode, "TurnBatcher", original)  # noqa: B010
+
+
 def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], *, turns: int, turn_tokens: int,
-                  ignore_eos: bool, max_in_flight: int, sync_env: bool) -> dict[str, Callable[[C.Workload], C.Served]]:
+                  ignore_eos: bool, max_in_flight: int, sync_env: bool,
+                  split_batch: int = 64) -> dict[str, Callable[[C.Workload], C.Served]]:
     """The four timed methods on one Engine; each leaves (name, what to analyse, its RequestLog, its
     start) in `pending["last"]` for `after_each`."""
     import asyncio
 
-    from rlgen.episodes import message_delta_ids
 
     env = fixed_reply(turns, sync=sync_env)
 
-    def episodes_of(name: str, batch_turns: bool) -> Callable[[C.Workload], C.Served]:
+    def episodes_of(name: str, batch_turns: bool, split: int | None = None) -> Callable[[C.Workload], C.Served]:
         def run(w: C.Workload) -> C.Served:
             log = RequestLog(eng._client)
             start = time.perf_counter()
-            with log.installed(eng):
+            with log.installed(eng), split_batches(split):
                 res = eng.episodes(prompts[: len(w.prompts)], env=env, n=w.n, max_turns=turns,
                                    max_new_tokens=turn_tokens, temperature=1.0, ignore_eos=ignore_eos,
                                    progress=False, max_in_flight=max_in_flight, batch_turns=batch_turns)
@@ -518,12 +560,9 @@ def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], *, 
         return run
 
     def run_lockstep(w: C.Workload) -> C.Served:
-        tok = eng.tokenizer
-        delta = message_delta_ids(tok, [{"role": "user", "content": REPLY}])  # once: the same reply every turn
-        histories = [p for p in w.prompts for _ in range(w.n)]  # prompt-major, as the episodes' records
         sampling = {"max_new_tokens": turn_tokens, "temperature": 1.0, "ignore_eos": ignore_eos}
-        sampled, sizes = asyncio.run(lockstep(eng.url, histories, turns=turns, sampling=sampling,
-                                              eos=tok.eos_token_id, delta=delta))
+        sampled, sizes = asyncio.run(lockstep(eng.url, prompts[: len(w.prompts)], eng.tokenizer, n=w.n, turns=turns,
+                                              sampling=sampling, reply=REPLY))
         pending["last"] = ("lockstep", sizes, None, 0.0)
         return C.Served(sampled)
 
@@ -536,6 +575,7 @@ def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], *, 
         return C.Served(int(df["completion_tokens"].sum()), C.server_span(df["request_latency_s"].tolist()))
 
     return {"episodes": episodes_of("episodes", True), "episodes-single": episodes_of("episodes-single", False),
+            "episodes-split": episodes_of("episodes-split", True, split_batch),
             "lockstep": run_lockstep, "generate": run_generate}
 
 
@@ -625,7 +665,7 @@ def report_runs(results: dict[str, Any], details: Sequence[dict[str, Any]]) -> s
 
 # (ours, theirs) reported beside the headline, episodes / lockstep
 OTHER_RATIOS = (("episodes", "generate"), ("lockstep", "generate"), ("episodes-single", "lockstep"),
-                ("episodes", "episodes-single"))
+                ("episodes", "episodes-single"), ("episodes-split", "lockstep"), ("episodes-split", "episodes"))
 
 
 def verdicts(record: C.Record, results: dict[str, Any], details: Sequence[dict[str, Any]], source: str | None) -> None:
@@ -685,6 +725,7 @@ def main() -> None:
                     "lengths differ as real turns' do")
     ap.add_argument("--methods", type=lambda v: [m for m in v.split(",") if m], default=list(METHODS),
                     help=f"which methods to time, comma-separated (default all: {','.join(METHODS)})")
+    ap.add_argument("--split-batch", type=int, default=64, help="episodes-split: the most turns a batch part holds")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
                     "scheduling), recorded with the run")
     C.add_report_only(ap)

@@ -82,12 +82,9 @@ def methods(eng: Any, chats: list[Any], size: dict[str, int], clock: GcClock, ru
             *, sync_env: bool) -> dict[str, Callable[[C.Workload], C.Served]]:
     import asyncio
 
-    from rlgen.episodes import message_delta_ids
-
     T, K, N = size["turns"], size["turn_tokens"], size["n"]
     env = E.fixed_reply(T, sync=sync_env)
     tok = eng.tokenizer
-    first = [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True)) for c in chats]
 
     def timed(name: str, call: Callable[[], int]) -> int:
         clock.on = True
@@ -107,10 +104,8 @@ def methods(eng: Any, chats: list[Any], size: dict[str, int], clock: GcClock, ru
 
     def lockstep(w: C.Workload) -> C.Served:
         def call() -> int:
-            delta = message_delta_ids(tok, [{"role": "user", "content": E.REPLY}])
-            sampled, _ = asyncio.run(E.lockstep(eng.url, [p for p in first for _ in range(N)], turns=T,
-                                                sampling={"max_new_tokens": K, "temperature": 1.0, "ignore_eos": True},
-                                                eos=tok.eos_token_id, delta=delta))
+            sampled, _ = asyncio.run(E.lockstep(eng.url, chats, tok, n=N, turns=T, reply=E.REPLY,
+                                                sampling={"max_new_tokens": K, "temperature": 1.0, "ignore_eos": True}))
             return sampled
         return C.Served(timed("lockstep", call))
 
