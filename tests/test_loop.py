@@ -91,3 +91,18 @@ def test_calling_run_sync_from_the_loop_thread_is_an_error_not_a_deadlock() -> N
 
     with pytest.raises(RuntimeError, match="await the coroutine instead"):
         _loop.run_sync(inner())
+
+
+def test_is_async_knows_async_functions_and_objects_with_an_async_call() -> None:
+    async def coroutine_function() -> None: ...
+
+    def plain() -> None: ...
+
+    class AsyncCall:
+        async def __call__(self) -> None: ...
+
+    class PlainCall:
+        def __call__(self) -> None: ...
+
+    assert _loop.is_async(coroutine_function) and _loop.is_async(AsyncCall())
+    assert not _loop.is_async(plain) and not _loop.is_async(PlainCall()) and not _loop.is_async(lambda: None)

@@ -3,7 +3,8 @@
 Owns: one long-lived asyncio loop running in a daemon thread (per process, shared by every
 Engine); `run_sync(coro)`, which runs a coroutine there and blocks the calling thread until it
 is done; and `iterate(agen)`, which drives an async iterator there and yields its items to the
-calling thread one by one. Knows nothing about SGLang.
+calling thread one by one; and `is_async(fn)`, whether calling a function makes a coroutine to
+await (the rewards' and the environments' runners ask it). Knows nothing about SGLang.
 
 Why: a notebook cell already runs inside the kernel's event loop, so `asyncio.run()` and
 `loop.run_until_complete()` fail there ("This event loop is already running"), and patching asyncio
@@ -23,13 +24,20 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import inspect
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["get_loop", "iterate", "run_sync"]
+__all__ = ["get_loop", "is_async", "iterate", "run_sync"]
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling `fn` makes a coroutine to await: an `async def` function, or an object whose
+    class defines `async def __call__`."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 T = TypeVar("T")
 

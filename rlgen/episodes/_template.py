@@ -155,8 +155,11 @@ DELTA_MEMO = 1024
 def memo_key(messages: Messages) -> tuple[Any, ...] | None:
     """A hashable key equal for equal messages whose values are all str, int, float, bool or None
     (key order ignored, a value's type kept: True is not 1); None for any other message (not memoised)."""
-    key = []
+    key: list[tuple[tuple[str, str, Any], ...]] = []
     for m in messages:
+        if type(m) is dict and len(m) == 2 and type(m.get("role")) is str and type(m.get("content")) is str:
+            key.append((("content", "str", m["content"]), ("role", "str", m["role"])))  # the usual message
+            continue
         if not all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in m.items()):
             return None
         key.append(tuple(sorted((k, type(v).__name__, v) for k, v in m.items())))

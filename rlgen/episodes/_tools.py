@@ -62,6 +62,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from ..core._loop import is_async
 from ..rewards._exec import Call, run_calls
 from ._workers import run_in_worker
 
@@ -459,21 +460,18 @@ class _TimedOut(Exception):
     pass
 
 
-def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
 async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
-                        timeout: float | None) -> Ran:
+                        timeout: float | None, asynchronous: bool | None = None) -> Ran:
     """Call `fn(*args, **kwargs)` from a task on the running loop, contained: an `async def`
     function (or an object whose `__call__` is one) as a task of its own, a plain one in a daemon
     thread that runs nothing else meanwhile (a reused worker, `_workers`; at most `MAX_THREADS` at
     once per loop); a coroutine a plain function returns is awaited too, within the same `timeout`. Never raises for what `fn` does, and never
     waits for it past `timeout`: a task is then cancelled, a thread left to finish on its own (see
-    the module docstring). Cancelling the caller gives the call up the same way."""
+    the module docstring). Cancelling the caller gives the call up the same way. `asynchronous`:
+    `is_async(fn)` when the caller knows it already (None: asked here)."""
     kw = dict(kwargs or {})
     loop = asyncio.get_running_loop()
-    if _is_async(fn):
+    if is_async(fn) if asynchronous is None else asynchronous:
         t0 = time.perf_counter()
         try:
             value = await _within(_started(loop, _carried(lambda: fn(*args, **kw))), timeout)

@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from ..core._loop import is_async
 from ._exec_types import Call, Outcome
-from ._exec_worker import _PICKLE, _dump_function, _error_text, _frame, _Frames, _is_async, _worker_command
+from ._exec_worker import _PICKLE, _dump_function, _error_text, _frame, _Frames, _worker_command
 
 # How long a worker may take to start and load the function (its imports included) before the run
 # fails; an async call's grace after its timeout, for the worker's own cancellation to report before
@@ -266,7 +267,7 @@ class _ProcessRun:
                             "open files inside the function instead of capturing them, or use mode='thread'") from exc
         self.calls, self.outcomes, self.progress = calls, outcomes, progress
         self.timeout, self.workers, self.batch_size = timeout, workers, batch_size
-        self.is_async = _is_async(fn)
+        self.is_async = is_async(fn)
         self.concurrency = concurrency
         self.token = time.monotonic_ns()
         self.fn_message = ("fn", self.token, payload, self.is_async, timeout, concurrency)

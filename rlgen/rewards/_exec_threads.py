@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
+from ..core._loop import is_async
 from ._exec_types import Call, Outcome
-from ._exec_worker import _awaited, _call_caught, _error_text, _is_async, _traceback_text
+from ._exec_worker import _awaited, _call_caught, _error_text, _traceback_text
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -35,7 +36,7 @@ def _thread_timeout_error(timeout: float, coroutine: bool) -> str:
 def _run_threads(fn: Callable[..., Any], calls: list[Call], outcomes: list[Outcome | None], *, timeout: float | None,
                  workers: int, concurrency: int, progress: Callable[[int], None]) -> None:
     """Fill `outcomes`; on Ctrl-C, stop starting calls and let KeyboardInterrupt through."""
-    if _is_async(fn):
+    if is_async(fn):
         _run_on_loop(fn, calls, outcomes, timeout=timeout, concurrency=concurrency, progress=progress)
         return
     from ..core import _loop

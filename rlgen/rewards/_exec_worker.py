@@ -63,11 +63,6 @@ class _Result(NamedTuple):
 # One call, caught, and the function's travel (thread mode, the pool and the workers share them)
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
-    # type(fn).__call__: a callable object whose class defines `async def __call__`
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
 def _error_text(exc: BaseException) -> str:
     message = str(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

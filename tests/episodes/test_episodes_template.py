@@ -246,3 +246,16 @@ def test_the_episodes_of_one_prompt_share_one_render_of_its_first_request(tok: A
     assert call.first_ids([dict(m) for m in chat], None) == first_prompt_ids(tok, chat)
     assert call.first_ids([{"role": "user", "content": "What is 3+3?"}], None) != first[:-1]
     assert len(renders) == 2
+
+
+def test_a_plain_message_has_the_same_memo_key_by_the_fast_path_as_by_the_general_one() -> None:
+    from collections import OrderedDict
+
+    from rlgen.episodes._template import memo_key
+
+    plain = [{"role": "user", "content": "Continue."}]  # a dict of two str: the fast path
+    general = [OrderedDict(content="Continue.", role="user")]  # a dict subclass: the general path
+    assert memo_key(plain) == memo_key(general) is not None
+    assert memo_key([{"role": "user", "content": "Stop."}]) != memo_key(plain)
+    assert memo_key([{"role": "tool", "content": "Continue."}]) != memo_key(plain)
+    assert memo_key([{"role": "user", "content": 1}]) != memo_key([{"role": "user", "content": True}])
