@@ -101,6 +101,7 @@ TARGET_RATIO, TARGET_CACHED, TARGET_OWN_PCT = 0.95, 0.9, 5.0  # the ratio: episo
 # "episodes-single": one request per turn (batch_turns=False), as before the batcher; "lockstep":
 # the hand-written loop (`lockstep`), the anchor; "episodes-split": batches sent in parts.
 METHODS = ("episodes", "episodes-single", "episodes-split", "lockstep", "generate")
+DEFAULT_METHODS = ("episodes", "episodes-single", "lockstep", "generate")  # the experiment when asked for
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,8 +724,9 @@ def main() -> None:
                     "each of its steps on a worker thread), not an async def")
     ap.add_argument("--eos", action="store_true", help="turns end at the model's EOS (at most --turn-tokens): "
                     "lengths differ as real turns' do")
-    ap.add_argument("--methods", type=lambda v: [m for m in v.split(",") if m], default=list(METHODS),
-                    help=f"which methods to time, comma-separated (default all: {','.join(METHODS)})")
+    ap.add_argument("--methods", type=lambda v: [m for m in v.split(",") if m], default=list(DEFAULT_METHODS),
+                    help=f"which methods to time, comma-separated, of {','.join(METHODS)} (default "
+                         f"{','.join(DEFAULT_METHODS)})")
     ap.add_argument("--split-batch", type=int, default=64, help="episodes-split: the most turns a batch part holds")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
                     "scheduling), recorded with the run")

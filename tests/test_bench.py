@@ -417,3 +417,63 @@ def test_the_episodes_client_bench_runs_against_its_instant_server(model_path: s
         assert len(runs) == 3 and all(r["tokens"] == 32 and "gc" in r for r in runs)
     assert data["complete"] and data["summary"]["difference_s"] is not None
     assert "episodes - lockstep" in done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_the_lockstep_anchor_sends_its_chats_rendered_ids_and_grows_each_history_by_its_turn(model_path: str) -> None:
+    import asyncio
+
+    import _instant_server
+    import orjson
+    from aiohttp import web
+
+    from rlgen.client._tokenizer import load_tokenizer
+    from rlgen.episodes import message_delta_ids
+
+    eb = _episodes_bench()
+    tok = load_tokenizer(model_path)
+    chats = eb.chats(2)
+    bodies: list[dict] = []
+    app = _instant_server.build(model_path, 0.0)
+
+    @web.middleware
+    async def keep(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.path == "/generate":
+            bodies.append(orjson.loads(await request.read()))
+        return await handler(request)
+
+    app.middlewares.append(keep)
+
+    async def run() -> tuple[int, list[int]]:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return await eb.lockstep(f"http://127.0.0.1:{port}", chats, tok, n=2, turns=2, reply=eb.REPLY,
+                                     sampling={"max_new_tokens": 3, "ignore_eos": True})
+        finally:
+            await runner.cleanup()
+
+    sampled, sizes = asyncio.run(run())
+    assert sampled == 2 * 2 * 2 * 3 and sizes == [4, 4]
+    first = [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False))
+             for c in chats]
+    assert bodies[0]["input_ids"] == [first[0], first[0], first[1], first[1]]  # prompt-major ids, n a chat
+    delta = message_delta_ids(tok, [{"role": "user", "content": eb.REPLY}])
+    for before, after in zip(bodies[0]["input_ids"], bodies[1]["input_ids"]):
+        assert after[:len(before)] == before and after[-len(delta):] == delta and len(after) == len(before) + 3 + 1 + len(delta)
+
+
+def test_the_split_experiment_caps_the_runners_batches_only_while_it_is_open() -> None:
+    from rlgen.episodes import _episode
+
+    eb = _episodes_bench()
+    original = _episode.TurnBatcher
+    with eb.split_batches(64):
+        assert _episode.TurnBatcher(None, max_batch=256).max_batch == 64  # type: ignore[arg-type]
+        assert _episode.TurnBatcher(None, max_batch=16).max_batch == 16  # type: ignore[arg-type]
+    assert _episode.TurnBatcher is original
+    with eb.split_batches(None):
+        assert _episode.TurnBatcher is original
