@@ -2,7 +2,7 @@
 
 Not a test. Owns the episodes benchmark: its workload (chat prompts, an environment that answers
 every assistant turn with one fixed short user message and ends after `--turns` turns, each turn
-sampling exactly `--turn-tokens` tokens with ignore_eos), the four timed methods, the per-run
+sampling exactly `--turn-tokens` tokens with ignore_eos), the timed methods (four by default, an experiment on request), the per-run
 analysis of the episodes' records (requests per turn, prefix cache, rlgen's own time per turn) and
 the report. It also owns `RequestLog`, a wrapper of the Engine's HTTP client that timestamps every
 /generate request of an episodes call (scripts/gpu/episodes_check.py uses it too), and `lockstep`,
@@ -540,7 +540,7 @@ def split_batches(most: int | None) -> Iterator[None]:
 def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], *, turns: int, turn_tokens: int,
                   ignore_eos: bool, max_in_flight: int, sync_env: bool,
                   split_batch: int = 64) -> dict[str, Callable[[C.Workload], C.Served]]:
-    """The four timed methods on one Engine; each leaves (name, what to analyse, its RequestLog, its
+    """The timed methods on one Engine; each leaves (name, what to analyse, its RequestLog, its
     start) in `pending["last"]` for `after_each`."""
     import asyncio
 
