@@ -4,11 +4,11 @@ Not a test. Owns the episodes benchmark: its workload (chat prompts, an environm
 every assistant turn with one fixed short user message and ends after `--turns` turns, each turn
 sampling exactly `--turn-tokens` tokens with ignore_eos), the timed methods (four by default, an
 experiment on request), the per-run analysis of the episodes' records (requests per turn, prefix
-cache, rlgen's own time per turn) and the report. It also owns `RequestLog`, a wrapper of the Engine's HTTP client that timestamps every
-/generate request of an episodes call (scripts/gpu/episodes_check.py uses it too), and `lockstep`,
-the anchor. Starts ONE server with `rlgen.Engine(model, backend=...)`, then, interleaved
-(`_common.run_interleaved`: one warm-up each, then every repeat runs every method in a shuffled
-order, each after a prefix-cache flush):
+cache, rlgen's own time per turn) and the report. It also owns `RequestLog`, a wrapper of the
+Engine's HTTP client that timestamps every /generate request of an episodes call
+(scripts/gpu/episodes_check.py uses it too), and `lockstep`, the anchor. Starts ONE server with
+`rlgen.Engine(model, backend=...)`, then, interleaved (`_common.run_interleaved`: one warm-up each,
+then every repeat runs every method in a shuffled order, each after a prefix-cache flush):
 
     episodes   eng.episodes(chats, env=<fixed reply>, n=N, max_turns=T, max_new_tokens=K,
                ignore_eos=True, temperature=1, max_in_flight=<all episodes>) and its .df: the
