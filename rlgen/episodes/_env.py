@@ -43,7 +43,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core._loop import is_async
 from ..core._options import check_seconds
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, outside_think, parse_tool_calls, parse_with_server
 from ._tools import Ran, Tool, ToolResult, acall_tool, run_contained, tools_from
@@ -147,15 +146,14 @@ def failure_reply(ran: Ran, *, timed_out: str, note: str = "") -> EnvReply | Non
     return None
 
 
-async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: float | None, what: str, *,
-                         asynchronous: bool | None = None) -> EnvReply:
-    """Call `fn(*args)` (sync in a daemon thread of its own, `async def` as a task; `run_contained`,
-    which takes `asynchronous` when the caller knows it) and normalise what it returns; an exception
-    is "env_error" (with the traceback), outliving `timeout` is "env_timeout" (the call is then
-    given up, not waited for)."""
-    ran = await run_contained(fn, args, timeout=timeout, asynchronous=asynchronous)
-    if ran.timed_out or ran.error is not None:
-        return failure_reply(ran, timed_out=f"{what} did not finish within {timeout:g} s (env_timeout=)") or EnvReply()
+async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: float | None, what: str) -> EnvReply:
+    """Call `fn(*args)` (sync in a daemon thread of its own, `async def` as a task; `run_contained`)
+    and normalise what it returns; an exception is "env_error" (with the traceback), outliving
+    `timeout` is "env_timeout" (the call is then given up, not waited for)."""
+    ran = await run_contained(fn, args, timeout=timeout)
+    failed = failure_reply(ran, timed_out=f"{what} did not finish within {timeout:g} s (env_timeout=)")
+    if failed is not None:
+        return failed
     reply = normalise_return(ran.value, what=what)
     reply.seconds = ran.seconds
     return reply
@@ -190,8 +188,7 @@ class EpisodeEnv:
 class _FunctionEpisode(EpisodeEnv):
     def __init__(self, fn: Callable[..., Any], with_data: bool, timeout: float | None) -> None:
         self.fn, self.with_data, self.timeout, self.data = fn, with_data, timeout, None
-        # Known once, not at every step: what the step is called, and whether it is an `async def`.
-        self.what, self.asynchronous = f"env function {_name(fn)}", is_async(fn)
+        self.what = f"env function {_name(fn)}"  # named once, not at every step
 
     async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
         self.data = data
@@ -199,7 +196,7 @@ class _FunctionEpisode(EpisodeEnv):
 
     async def step(self, messages: list[dict[str, Any]]) -> EnvReply:
         args = (messages, self.data) if self.with_data else (messages,)
-        return await call_contained(self.fn, args, self.timeout, self.what, asynchronous=self.asynchronous)
+        return await call_contained(self.fn, args, self.timeout, self.what)
 
 
 class _ObjectEpisode(EpisodeEnv):

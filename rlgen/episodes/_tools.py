@@ -461,17 +461,16 @@ class _TimedOut(Exception):
 
 
 async def run_contained(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
-                        timeout: float | None, asynchronous: bool | None = None) -> Ran:
+                        timeout: float | None) -> Ran:
     """Call `fn(*args, **kwargs)` from a task on the running loop, contained: an `async def`
     function (or an object whose `__call__` is one) as a task of its own, a plain one in a daemon
     thread that runs nothing else meanwhile (a reused worker, `_workers`; at most `MAX_THREADS` at
     once per loop); a coroutine a plain function returns is awaited too, within the same `timeout`. Never raises for what `fn` does, and never
     waits for it past `timeout`: a task is then cancelled, a thread left to finish on its own (see
-    the module docstring). Cancelling the caller gives the call up the same way. `asynchronous`:
-    `is_async(fn)` when the caller knows it already (None: asked here)."""
+    the module docstring). Cancelling the caller gives the call up the same way."""
     kw = dict(kwargs or {})
     loop = asyncio.get_running_loop()
-    if is_async(fn) if asynchronous is None else asynchronous:
+    if is_async(fn):
         t0 = time.perf_counter()
         try:
             value = await _within(_started(loop, _carried(lambda: fn(*args, **kw))), timeout)

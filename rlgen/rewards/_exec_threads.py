@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
-from ..core._loop import is_async
+from ..core import _loop
 from ._exec_types import Call, Outcome
 from ._exec_worker import _awaited, _call_caught, _error_text, _traceback_text
 
@@ -36,11 +36,9 @@ def _thread_timeout_error(timeout: float, coroutine: bool) -> str:
 def _run_threads(fn: Callable[..., Any], calls: list[Call], outcomes: list[Outcome | None], *, timeout: float | None,
                  workers: int, concurrency: int, progress: Callable[[int], None]) -> None:
     """Fill `outcomes`; on Ctrl-C, stop starting calls and let KeyboardInterrupt through."""
-    if is_async(fn):
+    if _loop.is_async(fn):
         _run_on_loop(fn, calls, outcomes, timeout=timeout, concurrency=concurrency, progress=progress)
         return
-    from ..core import _loop
-
     todo: SimpleQueue[int] = SimpleQueue()
     for i in range(len(calls)):
         todo.put(i)
@@ -129,8 +127,6 @@ def _run_on_loop(fn: Callable[..., Any], calls: list[Call], outcomes: list[Outco
                  timeout: float | None, concurrency: int, progress: Callable[[int], None]) -> None:
     """Async functions in thread mode: awaited on rlgen's background loop, `concurrency` at once."""
     import asyncio
-
-    from ..core import _loop
 
     if _loop.in_loop_thread():
         raise RuntimeError("run_calls(mode='thread') was called from rlgen's own loop thread")
