@@ -473,6 +473,10 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
         record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng.info.get("command"),
                             "max_total_num_tokens": eng.server_info.get("max_total_num_tokens")}
         C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url}")
+        if args.freeze_gc:  # SGLang's advice against GC stalls: its processes' objects so far left out of collections
+            status, body = C.http_request(eng.url, "/freeze_gc", {}, timeout=60)
+            record["server"]["freeze_gc"] = f"HTTP {status}: {body[:80].decode(errors='replace').strip()}"
+            C.log(f"/freeze_gc: {record['server']['freeze_gc']}")
         prompts = chats(size["prompts"])
         ids = [first_prompt_ids(eng.tokenizer, chat) for chat in prompts]
         n_ep = size["prompts"] * size["n"]
@@ -730,6 +734,8 @@ def main() -> None:
     ap.add_argument("--split-batch", type=int, default=64, help="episodes-split: the most turns a batch part holds")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
                     "scheduling), recorded with the run")
+    ap.add_argument("--freeze-gc", action="store_true", help="POST /freeze_gc once the server is up (SGLang: "
+                    "its processes' objects so far are left out of garbage collections)")
     C.add_report_only(ap)
     args = ap.parse_args()
     unknown = sorted(set(args.methods) - set(METHODS))
