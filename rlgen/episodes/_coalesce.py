@@ -3,8 +3,10 @@
 Owns: `TurnBatcher`, which takes one episode turn's request at a time (`input_ids`, its sampling
 parameters, its rid) and sends the requests that arrive close together as one batched
 `/generate` (lists of `input_ids`, `sampling_params` and `rid`, as SGLang takes a batch), then
-hands each episode its own answer. A batch leaves when no request has joined it for `linger_s`,
-when it has lasted `max_wait_s`, or when it holds `max_batch` requests. Requests that share one
+hands each episode its own answer. A batch leaves when every requester that can still join has
+joined (`members`, when the caller says how many there are: the others wait for an answer already
+sent, or have left), when no request has joined it for `linger_s`, when it has lasted
+`max_wait_s`, or when it holds `max_batch` requests. Requests that share one
 sampling-parameters object are sent with it once (SGLang applies a single dict to every prompt
 of a batch), not as a list of copies. A `read` hook, when given, turns the batch's answers into
 what each waiter gets, in one call (the episodes decode every turn's text at once there).
@@ -12,7 +14,8 @@ what each waiter gets, in one call (the episodes decode every turn's text at onc
 Why: every request costs its HTTP round trip and the server's per-request handling, so SGLang
 serves one batched request of many prompts much faster than as many requests of one prompt each.
 Episodes that run in step (every episode's turn k answered by the same batch, then its environment
-step) reach the batcher within milliseconds of each other, so their next turns leave together. A
+step) reach the batcher within milliseconds of each other, so their next turns leave together; the
+last of them sends the batch at once, not `linger_s` later, when the batcher knows the members. A
 batch's answer comes back when its longest sample finishes, as a `generate()` request's does; on
 episodes, batching was still the faster of the two, most with turns ending at EOS (the
 measurements: docs/benchmarks.md, "Multi-turn episodes").
@@ -47,9 +50,13 @@ class TurnBatcher:
     item per answer; it must not raise."""
 
     def __init__(self, client: Client, *, linger_s: float = 0.005, max_wait_s: float = 0.05,
-                 max_batch: int = 256, read: Callable[[Sequence[dict[str, Any]]], Sequence[Any]] | None = None) -> None:
+                 max_batch: int = 256, read: Callable[[Sequence[dict[str, Any]]], Sequence[Any]] | None = None,
+                 members: int | None = None) -> None:
         self.client, self.read = client, read
         self.linger_s, self.max_wait_s, self.max_batch = linger_s, max_wait_s, max_batch
+        # The requesters that may still send (None: unknown, so a batch lingers); `leave()` counts down.
+        self.members = members
+        self._sent = 0  # requests in batches sent and not yet answered: their requesters cannot join
         self._pending: _Pending | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches: list[int] = []   # the size of each batch sent, in order
@@ -64,10 +71,26 @@ class TurnBatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         pending.items.append((ids, sampling, rid, future))
+        self._close_if_complete(pending)
         pending.joined.set()
-        if len(pending.items) >= self.max_batch:
-            self._pending = None  # full: the waiting task sends it now
         return await future
+
+    def leave(self) -> None:
+        """A member will send no more requests (its episode ended): the batch that waits for the
+        others leaves now if they have all joined."""
+        if self.members is not None:
+            self.members -= 1
+            pending = self._pending
+            if pending is not None:
+                self._close_if_complete(pending)
+                pending.joined.set()
+
+    def _close_if_complete(self, pending: _Pending) -> None:
+        """Close `pending` (its waiting task then sends it at once) when it is full, or when every
+        member that can still join has: the others wait for answers of batches already sent."""
+        n = len(pending.items)
+        if n >= self.max_batch or (self.members is not None and n + self._sent >= self.members):
+            self._pending = None
 
     async def _send_when_ready(self, pending: _Pending) -> None:
         loop = asyncio.get_running_loop()
@@ -91,8 +114,12 @@ class TurnBatcher:
         params: Any = shared if all(s is shared for _, s, _, _ in items) else [s for _, s, _, _ in items]
         payload = {"input_ids": [ids for ids, _, _, _ in items], "sampling_params": params,
                    "return_logprob": True, "rid": [rid for _, _, rid, _ in items]}
+        self._sent += len(items)
         try:
-            answer = await self.client.generate(payload)
+            try:
+                answer = await self.client.generate(payload)
+            finally:
+                self._sent -= len(items)
             if not isinstance(answer, list) or len(answer) != len(items):
                 got = f"{len(answer)} answers" if isinstance(answer, list) else type(answer).__name__
                 raise RequestError(f"/generate answered {got} for a batch of {len(items)} turns")

@@ -55,15 +55,18 @@ class TurnSender:
     """Sends one assistant turn's request at a time (at most `max_in_flight` at once), batched with
     the turns that are ready together when `batch_turns`; `in_flight` holds the rids sent and not
     yet answered (what an abort needs). `texts(answers)` gives each answer's text (None where it
-    could not: the caller decodes that one itself); a batch's are made in one call."""
+    could not: the caller decodes that one itself); a batch's are made in one call. `episodes`: how
+    many episodes send through it, each calling `leave()` when it ends (so that a batch that holds
+    every episode still running leaves at once); None: not known (an environment's own loop)."""
 
     def __init__(self, client: Client, sampling: Mapping[str, Any], *, max_in_flight: int, batch_turns: bool,
-                 texts: Callable[[Sequence[dict[str, Any]]], list[str | None]]) -> None:
+                 texts: Callable[[Sequence[dict[str, Any]]], list[str | None]], episodes: int | None = None) -> None:
         self.client = client
         self.params = dict(sampling)
         self.texts = texts
         self.limiter = asyncio.Semaphore(max_in_flight)
-        self.batcher = TurnBatcher(client, max_batch=max_in_flight, read=self._read) if batch_turns else None
+        self.batcher = (TurnBatcher(client, max_batch=max_in_flight, read=self._read, members=episodes)
+                        if batch_turns else None)
         self.in_flight: dict[str, None] = {}
         # One parameters object per (budget, seed offset), shared by the requests that use it: a
         # batch of turns with the same one sends it once.
@@ -113,6 +116,11 @@ class TurnSender:
         if not isinstance(answer, dict):
             raise RequestError(f"/generate answered {type(answer).__name__}, not one sample")
         return answer, text, latency, own
+
+    def leave(self) -> None:
+        """An episode ended: it sends no more turns."""
+        if self.batcher is not None:
+            self.batcher.leave()
 
     async def close(self) -> None:
         """Wait for the batches still being sent (after their waiters were cancelled, say)."""

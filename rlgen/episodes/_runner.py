@@ -159,7 +159,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     items = episode_data(data, len(prompts))
     check_template(tokenizer, tools=environment.tools)
     sender = TurnSender(client, {**(sampling or {}), "max_new_tokens": max_new_tokens}, max_in_flight=max_in_flight,
-                        batch_turns=batch_turns, texts=turn_texts(tokenizer, eos_id(tokenizer)))
+                        batch_turns=batch_turns, texts=turn_texts(tokenizer, eos_id(tokenizer)),
+                        episodes=len(prompts) * n if environment.loop is None else None)
     call = EpisodeCall(tokenizer, environment, sender, max_turns=max_turns, max_new_tokens=max_new_tokens,
                        context_length=context_length)
     out = records if records is not None else []
@@ -172,6 +173,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             raise
         except Exception as e:  # a bug or an unexpected answer: this episode's status, not the call's crash
             _errored(record, e)
+        finally:
+            sender.leave()  # no more turns from this one: a batch waiting for it need not
         if on_episode is not None:
             on_episode(record)
 

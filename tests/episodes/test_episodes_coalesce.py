@@ -78,3 +78,50 @@ def test_a_batch_that_does_not_fill_leaves_after_its_linger(count: int) -> None:
     batcher = TurnBatcher(client, max_batch=8, linger_s=0.01)  # type: ignore[arg-type]
     got = asyncio.run(send(batcher, [([i], {}, str(i)) for i in range(count)]))
     assert len(got) == count and batcher.batches == [count]
+
+
+def test_a_batch_that_every_member_has_joined_leaves_at_once_not_after_its_linger() -> None:
+    async def main() -> tuple[list[Any], float]:
+        batcher = TurnBatcher(Client(), max_batch=8, linger_s=5.0, max_wait_s=5.0, members=3)  # type: ignore[arg-type]
+        t0 = asyncio.get_running_loop().time()
+        got = await send(batcher, [([i], {}, str(i)) for i in range(3)])
+        return got, asyncio.get_running_loop().time() - t0
+
+    got, seconds = asyncio.run(main())
+    assert len(got) == 3 and seconds < 1.0
+
+
+def test_a_member_that_leaves_sends_the_batch_the_others_have_joined() -> None:
+    async def main() -> tuple[list[Any], float]:
+        batcher = TurnBatcher(Client(), max_batch=8, linger_s=5.0, max_wait_s=5.0, members=3)  # type: ignore[arg-type]
+        t0 = asyncio.get_running_loop().time()
+        waiting = asyncio.ensure_future(send(batcher, [([i], {}, str(i)) for i in range(2)]))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the third member may still join
+        batcher.leave()
+        return await waiting, asyncio.get_running_loop().time() - t0
+
+    got, seconds = asyncio.run(main())
+    assert len(got) == 2 and seconds < 1.0
+
+
+def test_members_waiting_for_a_batch_in_flight_do_not_hold_the_next_one() -> None:
+    class Slow(Client):
+        async def generate(self, payload: dict[str, Any]) -> Any:
+            if len(self.payloads) == 0:
+                self.payloads.append(payload)
+                await asyncio.sleep(0.5)  # the first batch's answer comes late
+                return [{"output_ids": [0], "meta_info": {}} for _ in payload["rid"]]
+            return await super().generate(payload)
+
+    async def main() -> float:
+        batcher = TurnBatcher(Slow(), max_batch=2, linger_s=5.0, max_wait_s=5.0, members=3)  # type: ignore[arg-type]
+        first = asyncio.ensure_future(send(batcher, [([1], {}, "a"), ([2], {}, "b")]))  # full: sent
+        await asyncio.sleep(0.01)
+        t0 = asyncio.get_running_loop().time()
+        await batcher.generate([3], {}, "c")  # the only member not waiting for an answer
+        seconds = asyncio.get_running_loop().time() - t0
+        await first
+        return seconds
+
+    assert asyncio.run(main()) < 0.4

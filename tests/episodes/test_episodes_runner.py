@@ -275,6 +275,28 @@ def test_turns_that_are_ready_together_go_as_one_batched_request_and_give_the_sa
 
 
 @pytest.mark.timeout(120)
+def test_a_turn_batch_leaves_once_every_episode_still_running_has_joined_it_not_after_a_linger(
+        engine: rlgen.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from rlgen.episodes._coalesce import TurnBatcher
+
+    # A batch would otherwise wait 10 s for more turns: only the episodes' own count can send it sooner.
+    monkeypatch.setitem(TurnBatcher.__init__.__kwdefaults__, "linger_s", 10.0)
+    monkeypatch.setitem(TurnBatcher.__init__.__kwdefaults__, "max_wait_s", 10.0)
+
+    def stop_after(messages: list[dict[str, Any]], data: Any) -> str:
+        return "done" if sum(m["role"] == "assistant" for m in messages) >= data["stop_at"] else "Go on."
+
+    t0 = time.perf_counter()
+    res = engine.episodes(["What is 2+2?", "Name a colour."], env=stop_after, n=2, max_turns=3, max_new_tokens=2,
+                          temperature=0, ignore_eos=True, data={"stop_at": [1, 3]})
+    seconds = time.perf_counter() - t0
+    assert res.df.status.eq("done").all() and res.df.turns.tolist() == [1, 1, 3, 3]
+    assert seconds < 8.0, f"{seconds:.1f} s: a batch waited for episodes that had ended"
+
+
+@pytest.mark.timeout(120)
 def test_the_cyclic_gc_is_paused_while_episodes_run_and_resumed_after(engine: rlgen.Engine) -> None:
     import gc
 
