@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import time
@@ -323,6 +324,26 @@ def test_released_weights_refuse_generation_and_resume_without_values_until_relo
     assert status == 200 and answer["success"] is True, answer
     status, after = post(server.url + "/generate", body)
     assert status == 200 and after["output_ids"] == before["output_ids"]
+
+
+@pytest.mark.timeout(120)
+def test_freeze_gc_freezes_the_process_and_needs_the_api_key_like_the_other_admin_routes(model_path: str) -> None:
+    def call(method: str, key: str | None) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        request = urllib.request.Request(srv.url + "/freeze_gc", headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    with running_server(model_path, args=["--api-key", "k3y"]) as srv:
+        assert call("POST", None) == (401, '{"error":"Unauthorized"}')
+        assert call("POST", "wrong")[0] == 401
+        assert call("POST", "k3y") == (200, "Garbage collection frozen.\n")  # SGLang's text
+        assert srv.wait_for("Freezing GC in CPU backend process.", timeout=10)
+        assert re.search(r"gen0: \d+->\d+, gen1: \d+->\d+, gen2: [1-9]\d*->\d+$", srv.lines[-1].strip()), srv.lines[-1]
+        assert call("GET", "k3y") == (200, "Garbage collection frozen.\n")
 
 
 @pytest.mark.timeout(120)

@@ -58,6 +58,9 @@ def test_replicas_start_generate_update_weights_and_close(isolated: str, model_p
             with pytest.raises(urllib.error.HTTPError, match="401"):
                 urllib.request.urlopen(urllib.request.Request(f"{url}/generate", data=b"{}"), timeout=10)
         pids: list[Any] = [router["pid"], *(w["pid"] for w in workers)]
+        # Each worker's GC was frozen (with the key: they require it); the router got no /freeze_gc.
+        assert all("Freezing GC in CPU backend process." in Path(w["log_path"]).read_text() for w in workers)
+        assert "/freeze_gc" not in Path(router["log_path"]).read_text()
 
         # Greedy, n=2, through the router: the same text as a worker asked directly.
         direct = _greedy_texts(workers[0]["url"], key)

@@ -47,23 +47,35 @@ def cpu_server(model_path: str) -> list[str]:
     return [sys.executable, "-m", "rlgen.cpu_server", "--model-path", model_path]
 
 
-# A minimal server for behaviours the CPU backend cannot produce: answers 200 to every GET.
+# A minimal server for behaviours the CPU backend cannot produce: answers 200 to every GET and,
+# as a server without the POST routes asked for (an SGLang before /freeze_gc), 404 to every POST;
+# with --hang-post it never answers a POST.
 STAND_IN_SCRIPT = r"""
-import http.server, subprocess, sys
+import http.server, subprocess, sys, time
 if "--grandchild" in sys.argv:
     child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     print(f"grandchild pid={child.pid}", flush=True)
 class Ok(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers()
+    def do_POST(self):
+        if "--hang-post" in sys.argv:
+            time.sleep(1000)
+        self.send_response(404); self.end_headers()
     def log_message(self, *args): pass
 port = int(sys.argv[sys.argv.index("--port") + 1])
 http.server.HTTPServer(("127.0.0.1", port), Ok).serve_forever()
 """
 
 
-def stand_in(*, grandchild_in_new_session: bool = False) -> list[str]:
-    return [sys.executable, "-c", STAND_IN_SCRIPT, *(["--grandchild"] if grandchild_in_new_session else [])]
+def stand_in(*, grandchild_in_new_session: bool = False, hang_post: bool = False) -> list[str]:
+    return [sys.executable, "-c", STAND_IN_SCRIPT, *(["--grandchild"] if grandchild_in_new_session else []),
+            *(["--hang-post"] if hang_post else [])]
+
+
+def rlgen_lines(log_path: Path) -> list[str]:
+    """The lines rlgen itself wrote into a server log (which `log_tail` leaves out)."""
+    return [line for line in log_path.read_text().splitlines() if line.startswith(_server_log.LOG_HEADER)]
 
 
 def faults(*names: str, **extra: str) -> dict[str, str]:
@@ -167,6 +179,36 @@ def test_launch_returns_a_healthy_server_and_reports_phases_in_order(model_path:
     assert server.close() is report  # idempotent: the second close does nothing, same report
     assert server.state is ServerState.CLOSED and not server.alive()
     assert _registry.read_records() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_launched_server_has_its_gc_frozen_with_its_api_key_by_the_time_the_launch_returns(model_path: str) -> None:
+    # The CPU backend, like SGLang, requires the key on /freeze_gc: a POST without it gets 401,
+    # and the log would hold rlgen's note instead of the server's line.
+    with launch_server([*cpu_server(model_path), "--api-key=s3cret"], startup_timeout=50) as server:
+        log = server.log_path.read_text()
+        notes = rlgen_lines(server.log_path)
+    assert "Freezing GC in CPU backend process. gen0: " in log
+    assert len(notes) == 1 and notes[0].startswith("[rlgen] attempt 1 on port"), notes  # the header alone
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("hang_post", "freeze_gc", "note"),
+    [(False, True, "HTTP 404"), (True, True, "no answer"), (False, False, None)],
+    ids=["404", "no answer", "freeze_gc=False"],
+)
+def test_a_server_whose_gc_is_not_frozen_still_launches_and_its_log_says_why(
+    monkeypatch: pytest.MonkeyPatch, hang_post: bool, freeze_gc: bool, note: str | None
+) -> None:
+    # 404: an SGLang before the route. No answer: the wait is cut to 1 s here. freeze_gc=False (the
+    # sglang-router): no POST at all, so the stand-in's 404 leaves no note.
+    monkeypatch.setattr(_server, "_FREEZE_GC_TIMEOUT_S", 1.0)
+    with launch_server(stand_in(hang_post=hang_post), freeze_gc=freeze_gc, startup_timeout=20) as server:
+        assert server.state is ServerState.READY and server.alive()
+        notes = [line for line in rlgen_lines(server.log_path) if "/freeze_gc" in line]
+    expected = [] if note is None else [f"[rlgen] POST /freeze_gc: {note}; the server's garbage collector is left unfrozen"]
+    assert notes == expected
 
 
 @pytest.mark.timeout(60)
@@ -288,6 +330,8 @@ def test_invalid_arguments_are_rejected_before_anything_starts() -> None:
         launch_server("python -m rlgen.cpu_server")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="grace"):
         launch_server(argv, grace=-1)
+    with pytest.raises(TypeError, match="freeze_gc"):
+        launch_server(argv, freeze_gc="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

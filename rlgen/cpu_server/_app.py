@@ -5,12 +5,12 @@ Owns: the aiohttp application (routes, the `--api-key` rule, a handler's bug ans
 server's identity, weight version, readiness and metrics counters), /generate's flow (submit the
 planned jobs, answer whole or as an SSE stream, abort the jobs when the client leaves), health,
 info, loads and metrics, and the control endpoints (abort, flush, memory release and resume,
-weight updates), which run on the scheduler thread through `Runner.call`. It composes what knows
-less: `_request` parses and validates bodies, `_response` shapes results and error bodies,
-`_lora_api` serves the LoRA endpoints and resolves a /generate's `lora_path` (the adapters stay in
-use until the request has finished). The shapes follow docs/sglang-api.md; section numbers in
-comments refer to it. Knows nothing about tensors, batching or sampling: the runner is reached
-only through its thread-safe API.
+weight updates, which run on the scheduler thread through `Runner.call`; the GC freeze, which is
+the whole process's). It composes what knows less: `_request` parses and validates bodies,
+`_response` shapes results and error bodies, `_lora_api` serves the LoRA endpoints and resolves a
+/generate's `lora_path` (the adapters stay in use until the request has finished). The shapes
+follow docs/sglang-api.md; section numbers in comments refer to it. Knows nothing about tensors,
+batching or sampling: the runner is reached only through its thread-safe API.
 
 Threading: everything here runs on the event loop thread, including the tokenizer this module
 owns (the runner has its own). Results come back from the scheduler thread through
@@ -20,6 +20,7 @@ owns (the runner has its own). Results come back from the scheduler thread throu
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import logging
 import time
@@ -159,6 +160,7 @@ def build_app(state: BackendState, *, api_key: str | None = None) -> web.Applica
         app.router.add_route(method, "/flush_cache", routes.flush_cache)
         app.router.add_route(method, "/release_memory_occupation", routes.release_memory_occupation)
         app.router.add_route(method, "/resume_memory_occupation", routes.resume_memory_occupation)
+        app.router.add_route(method, "/freeze_gc", routes.freeze_gc)
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", routes.generate)
     app.router.add_post("/abort_request", routes.abort_request)
@@ -374,6 +376,16 @@ class Routes:
         """Take the memory back; released weights stay without their values until a reload."""
         return await self._memory_route(request, self.state.runner.resume_memory)
 
+    async def freeze_gc(self, request: web.Request) -> web.Response:
+        """SGLang's /freeze_gc: `gc.freeze()`, logged as SGLang logs it. SGLang freezes each of its
+        three processes (tokenizer manager, scheduler, detokenizer); this backend is one process."""
+        before = _gc_object_counts()
+        gc.freeze()
+        after = _gc_object_counts()
+        logger.info("Freezing GC in CPU backend process. " + ", ".join(
+            f"gen{i}: {b}->{a}" for i, (b, a) in enumerate(zip(before, after))))
+        return web.Response(text="Garbage collection frozen.\n")
+
     async def _memory_route(self, request: web.Request, apply: Callable[[list[str] | None], Any]) -> web.Response:
         """Run `apply(tags)` (the body's `tags`; None for all) on the scheduler thread."""
         try:
@@ -481,6 +493,11 @@ async def _wait_or_abort(
                 runner.abort(job.rid)
             task.cancel()
             return None
+
+
+def _gc_object_counts() -> list[int]:
+    """Objects the collector tracks per generation, counted as SGLang's `gc_object_counts`."""
+    return [len(gc.get_objects(generation)) for generation in range(3)]
 
 
 async def _json_body(request: web.Request) -> Any:

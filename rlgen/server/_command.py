@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core._errors import EngineError
 
-__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "choose_backend", "cuda_device_count", "lora_flags", "mapping_flags", "memory_fraction",
+__all__ = ["DEFAULT_DECODE_GRAPH_MAX_BS", "DEFAULT_GPU_MEMORY_FRACTION", "SGLANG_ARGS_ENV", "api_key_of", "choose_backend", "cuda_device_count", "lora_flags", "mapping_flags", "memory_fraction",
            "redacted", "server_argv"]
 
 # Fraction of the GPU's memory the SGLang server may take by default. SGLang's own default (~0.9)
@@ -101,6 +101,18 @@ def redacted(argv: Sequence[str]) -> list[str]:
         elif arg.startswith("--api-key="):
             out[i] = "--api-key=***"
     return out
+
+
+def api_key_of(argv: Sequence[str]) -> str | None:
+    """The value of `--api-key` in `argv` (the last one, as argparse reads it): the key the server
+    will require, or None."""
+    key = None
+    for i, arg in enumerate(argv):
+        if arg == "--api-key" and i + 1 < len(argv):
+            key = argv[i + 1]
+        elif arg.startswith("--api-key="):
+            key = arg[len("--api-key="):]
+    return key
 
 
 def server_argv(

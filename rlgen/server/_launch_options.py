@@ -30,6 +30,7 @@ class LaunchOptions:
     log_dir: Path | None
     startup_timeout: float
     health_path: str
+    freeze_gc: bool
     on_phase: Callable[[str, float], None] | None
     grace: float
     pdeathsig: bool
@@ -45,6 +46,7 @@ class LaunchOptions:
         log_dir: str | os.PathLike[str] | None,
         startup_timeout: float,
         health_path: str,
+        freeze_gc: bool,
         on_phase: Callable[[str, float], None] | None,
         grace: float,
         pdeathsig: bool,
@@ -72,6 +74,8 @@ class LaunchOptions:
         check_grace(grace)
         if not isinstance(health_path, str) or not health_path.startswith("/"):
             raise ValueError(f"health_path must start with '/', got {health_path!r}")
+        if not isinstance(freeze_gc, bool):
+            raise TypeError(f"freeze_gc must be True or False, got {freeze_gc!r}")
         if on_phase is not None and not callable(on_phase):
             raise TypeError("on_phase must be a callable (phase: str, elapsed_s: float) or None")
         if os.name != "posix":
@@ -84,6 +88,7 @@ class LaunchOptions:
             log_dir=Path(log_dir).expanduser() if log_dir is not None else None,
             startup_timeout=float(startup_timeout),
             health_path=health_path,
+            freeze_gc=freeze_gc,
             on_phase=on_phase,
             grace=float(grace),
             pdeathsig=bool(pdeathsig),

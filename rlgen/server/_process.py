@@ -2,15 +2,17 @@
 
 Owns: one server (SGLang's `python -m sglang.launch_server ...` or rlgen's
 `python -m rlgen.cpu_server ...`) from launch to close: the launch attempts, its port, its log
-file and run directory, its registry record, its readiness and start-up phase reports, and the
-`ServerProcess` handle the Engine holds. `reap`, `list_servers`, `PHASES`, `ShutdownReport` and
-`wait_gpu_memory_released` are re-exported here from their homes.
+file and run directory, its registry record, its readiness and start-up phase reports, the
+freeze of its garbage collector once ready, and the `ServerProcess` handle the Engine holds.
+`reap`, `list_servers`, `PHASES`, `ShutdownReport` and `wait_gpu_memory_released` are re-exported
+here from their homes.
 
 Knows nothing about /generate payloads, sampling parameters, tokenizers or results: to this module
-a server is an argv that binds `--host H --port N` and answers `GET /health_generate` with 200
-once it can generate. Delegates: checking the options to `server/_launch_options.py`; spawning, stopping
-and reaping the process tree (own session, parent-death signal, SIGTERM/SIGKILL, `reap()`) to
-`server/_process_tree.py`; reading the log (phases, tails, hints) to `server/_log.py`.
+a server is an argv that binds `--host H --port N`, answers `GET /health_generate` with 200 once it
+can generate, and may know `POST /freeze_gc`. Delegates: checking the options to
+`server/_launch_options.py`; spawning, stopping and reaping the process tree (own session,
+parent-death signal, SIGTERM/SIGKILL, `reap()`) to `server/_process_tree.py`; reading the log
+(phases, tails, hints) to `server/_log.py`.
 
 How a server is launched (each point answers a failure seen in the wild: hidden start-up errors,
 port races, orphaned servers):
@@ -20,6 +22,11 @@ port races, orphaned servers):
   listens on the port: an auto-picked port can be taken by another process before the server binds
   it, and that process's answer must not pass for ours (the server then exits with "address
   already in use" and is relaunched on a fresh port, up to 3 times).
+- **Garbage collector.** Once healthy (its own warm-up and our `/health_generate` behind it), the
+  server gets `POST /freeze_gc` (SGLang's route; the API key in its argv goes with it): without it,
+  SGLang's processes stall for tenths of a second in generation-2 collections. A server without the
+  route, an error or no answer leaves an `[rlgen]` line in its log and the launch goes on. Not the
+  sglang-router (`freeze_gc=False`), and never a server rlgen only attaches to.
 - **Registry.** Each server writes `<cache>/servers/registry/<pid>.json` (see `server/_registry.py`),
   removed on close; `reap()` stops servers whose owner is gone.
 - **Shutdown.** `close()` (also run by `weakref.finalize` at garbage collection and at interpreter
@@ -47,7 +54,7 @@ from pathlib import Path
 from ..core._errors import ServerDiedError, ServerStartupError
 from . import _log as _server_log
 from . import _process_tree, _registry
-from ._command import redacted
+from ._command import api_key_of, redacted
 from ._launch_options import LaunchOptions
 from ._log import PHASES
 from ._process_tree import ProcessTree, ShutdownReport, reap, wait_gpu_memory_released
@@ -68,6 +75,7 @@ list_servers = _registry.list_servers
 
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 5.0  # one GET /health_generate; a dying server resets the connection at once
+_FREEZE_GC_TIMEOUT_S = 10.0  # one POST /freeze_gc; no answer by then counts as none, and the launch goes on
 _PORT_RETRIES = 3  # relaunches on a fresh port after "address already in use" (auto-picked ports only)
 _FAILED_START_GRACE_S = 1.0  # a server that failed to start holds nothing worth a long goodbye
 _run_counter = itertools.count(1)
@@ -93,6 +101,7 @@ def launch_server(
     log_dir: str | os.PathLike[str] | None = None,
     startup_timeout: float = 600.0,
     health_path: str = "/health_generate",
+    freeze_gc: bool = True,
     on_phase: Callable[[str, float], None] | None = None,
     grace: float = 5.0,
     _pdeathsig: bool = True,
@@ -111,6 +120,10 @@ def launch_server(
         startup_timeout: seconds until ServerStartupTimeout. A first SGLang start on a new machine
             takes minutes (kernel compilation, CUDA-graph capture).
         health_path: the readiness probe; `/health_generate` runs a real one-token generation.
+        freeze_gc: once healthy, `POST /freeze_gc` (SGLang's: its processes' objects so far are left
+            out of every later garbage collection), with the argv's `--api-key` if it has one. A
+            server that answers anything but 200, or nothing, is noted in its log and returned all
+            the same. False for a server without the route (the sglang-router).
         on_phase: called about every 0.5 s while starting with (phase, seconds since launch);
             phase is one of PHASES and only moves forward.
         grace: seconds between SIGTERM and SIGKILL when the server is closed.
@@ -134,6 +147,7 @@ def launch_server(
         log_dir=log_dir,
         startup_timeout=startup_timeout,
         health_path=health_path,
+        freeze_gc=freeze_gc,
         on_phase=on_phase,
         grace=grace,
         pdeathsig=_pdeathsig,
@@ -326,6 +340,9 @@ class ServerProcess:
                     if not retry:
                         raise clash.error from None
                     continue
+                if config.freeze_gc:
+                    _freeze_gc(_connect_host(config.host), self._port, api_key=api_key_of(config.argv),
+                               log_path=self.log_path)
                 self._state = ServerState.READY
                 if config.on_phase is not None:
                     config.on_phase("ready", time.monotonic() - t0)
@@ -430,10 +447,18 @@ def _spawn(config: LaunchOptions, port: int, log_path: Path, attempt: int) -> Pr
         # One line, even for a `python -c` script, so that log readers can drop it by its prefix.
         command_line = shlex.join(redacted(cmd)).replace("\n", "\\n")
         log.write(f"{_server_log.LOG_HEADER}attempt {attempt} on port {port}: {command_line}\n".encode())
-        log.flush()
+    # The child appends: a line rlgen adds later (`_note`) lands after the server's own, where a
+    # child writing at its own offset would overwrite it.
+    with open(log_path, "ab") as log:
         tree = _process_tree.spawn(cmd, env=env, stdout=log, pdeathsig=config.pdeathsig)
     # The child holds its own copy of the log descriptor; ours is closed by the `with`.
     return tree
+
+
+def _note(log_path: Path, text: str) -> None:
+    """Append one `[rlgen]` line to the server log (readers of the log skip them, as the header)."""
+    with contextlib.suppress(OSError), open(log_path, "ab") as log:
+        log.write(f"{_server_log.LOG_HEADER}{text}\n".encode())
 
 
 def _register(tree: ProcessTree, config: LaunchOptions, port: int, log_path: Path) -> None:
@@ -507,12 +532,30 @@ def _wait_ready(
         time.sleep(max(0.0, min(_POLL_INTERVAL_S, deadline - time.monotonic())))
 
 
-def _probe(host: str, port: int, path: str, *, timeout: float) -> int | None:
-    """GET `path`; the status code, or None if nothing answered. http.client, not urllib: urllib
+def _freeze_gc(host: str, port: int, *, api_key: str | None, log_path: Path) -> None:
+    """`POST /freeze_gc` to a server that just became ready; never raises.
+
+    SGLang's own advice ("Consider calling the freeze_gc API after sending a few warmup requests"),
+    taken once its warm-up and our `/health_generate` are behind it: `gc.freeze()` in its tokenizer
+    manager, scheduler and detokenizer leaves the objects made so far (the model's, the imports')
+    out of every later collection. Without it the tokenizer manager's generation-2 collections
+    walk all of them and stall the server for tenths of a second, every few seconds under load
+    (docs/decisions.md). A server without the route (an older SGLang: 404 or 405), an error or no
+    answer only costs that: a line in the log, and the launch goes on."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
+    status = _probe(host, port, "/freeze_gc", method="POST", headers=headers, timeout=_FREEZE_GC_TIMEOUT_S)
+    if status != 200:
+        answer = f"HTTP {status}" if status is not None else "no answer"
+        _note(log_path, f"POST /freeze_gc: {answer}; the server's garbage collector is left unfrozen")
+
+
+def _probe(host: str, port: int, path: str, *, timeout: float, method: str = "GET",
+           headers: Mapping[str, str] | None = None) -> int | None:
+    """`method` `path`; the status code, or None if nothing answered. http.client, not urllib: urllib
     honours http_proxy, and a proxy must never sit between us and a loopback server."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request(method, path, headers=dict(headers or {}))
         response = conn.getresponse()
         response.read()
         return response.status

@@ -8,6 +8,8 @@ error that names which process failed; and stopping them in order (router, then 
 How:
 - Workers bind loopback on free ports. On the CPU backend they start at once (threads); on
   SGLang one after another, since servers that share a GPU each measure free memory at start.
+  Each worker's GC is frozen at its launch (`server/_process.py`); the router gets no
+  `/freeze_gc` (not SGLang: it answers 404).
 - The router: `python -m sglang_router.launch_router --worker-urls ... --policy round_robin
   --disable-circuit-breaker`, readiness `GET /health`, then `GET /workers` until it lists every
   worker healthy. Round robin, not the router's default cache_aware: cache_aware sends prompts
@@ -184,7 +186,8 @@ def launch_replicas(
             router_argv.append(f"--api-key={api_key}")
         try:
             router = launch_server(router_argv, host=host, port=port, env=env, log_dir=_sub_dir(log_dir, "router"),
-                                   startup_timeout=min(startup_timeout, 120.0), health_path="/health")
+                                   startup_timeout=min(startup_timeout, 120.0), health_path="/health",
+                                   freeze_gc=False)  # not SGLang: its workers are what gets frozen
         except ServerStartupError as err:
             raise _named(err, "the sglang-router") from err
         _wait_workers_listed(router, [w.url for w in workers], api_key=api_key)
