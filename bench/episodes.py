@@ -30,6 +30,11 @@ then every repeat runs every method in a shuffled order, each after a prefix-cac
                ignore_eos=True, temperature=1, cache=False) and its .df: the same sampled tokens
                in ONE single-turn call (rlgen's default chunking)
 
+The server's garbage collector is frozen once it is up, as rlgen does for every server it launches
+(`rlgen.server._process`; SGLang's /freeze_gc): the record keeps the log lines that say so
+(`server.gc_frozen`). Before that (2026-12-04p and earlier), generation-2 collections of 0.4-0.6 s
+in SGLang's processes made the same call's time vary 15-30% between runs.
+
 The anchor is the lockstep loop, not generate: a turn-by-turn loop pays SGLang's per-request costs
 (admission, prefill, the answer of every sequence) once per turn, which no client can avoid; what
 rlgen can be judged on is what it adds to that loop.
@@ -86,6 +91,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import _common as C
@@ -473,10 +479,9 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
         record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng.info.get("command"),
                             "max_total_num_tokens": eng.server_info.get("max_total_num_tokens")}
         C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url}")
-        if args.freeze_gc:  # SGLang's advice against GC stalls: its processes' objects so far left out of collections
-            status, body = C.http_request(eng.url, "/freeze_gc", {}, timeout=60)
-            record["server"]["freeze_gc"] = f"HTTP {status}: {body[:80].decode(errors='replace').strip()}"
-            C.log(f"/freeze_gc: {record['server']['freeze_gc']}")
+        # rlgen freezes the garbage collector of a server it launches (server/_process): the log says so
+        record["server"]["gc_frozen"] = frozen = gc_freeze_lines(C.logs_dir(args.out, "server"))
+        C.log(f"server's GC frozen: {len(frozen)} processes" if frozen else "server's GC NOT frozen (no such log line)")
         prompts = chats(size["prompts"])
         ids = [first_prompt_ids(eng.tokenizer, chat) for chat in prompts]
         n_ep = size["prompts"] * size["n"]
@@ -515,6 +520,13 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
     finally:
         C.log("closing the server")
         eng.close()
+
+
+def gc_freeze_lines(logs: Path) -> list[str]:
+    """The server log's lines that say a process froze its garbage collector (SGLang's "Freezing GC
+    in Scheduler process. gen0: ..."), from every log under `logs`."""
+    return [line.strip() for path in sorted(logs.rglob("*.log"))
+            for line in path.read_text(errors="replace").splitlines() if "Freezing GC in" in line]
 
 
 @contextmanager
@@ -734,8 +746,6 @@ def main() -> None:
     ap.add_argument("--split-batch", type=int, default=64, help="episodes-split: the most turns a batch part holds")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
                     "scheduling), recorded with the run")
-    ap.add_argument("--freeze-gc", action="store_true", help="POST /freeze_gc once the server is up (SGLang: "
-                    "its processes' objects so far are left out of garbage collections)")
     C.add_report_only(ap)
     args = ap.parse_args()
     unknown = sorted(set(args.methods) - set(METHODS))

@@ -30,7 +30,7 @@ anchor() {  # anchor NAME MODEL LIMIT_S REPEATS [bench flags...]
 
 python3 bench/_common.py --for "bash scripts/gpu/episodes_anchor.sh $PART" > "$OUT/environment-anchor-$PART.json"
 case "$PART" in
-  small) anchor 0.135b "$RLGEN_TEST_MODEL" 450 7 ;;
+  small) anchor 0.135b "$RLGEN_TEST_MODEL" 540 7 ;;
   sync) anchor 0.135b-sync "$RLGEN_TEST_MODEL" 450 7 --sync-env ;;
   client)
     for env in async sync; do
@@ -47,7 +47,7 @@ case "$PART" in
       python3 bench/make_checkpoint.py --shape llama-1.7b --out "$model" --device cuda > "$OUT/make-llama-1.7b.txt" 2>&1
       echo "checkpoint llama-1.7b: exit $? in $((SECONDS - t0)) s"
     fi
-    anchor 1.7b "$model" 480 5 ;;
+    anchor 1.7b "$model" 540 5 ;;
   *) echo "usage: bash scripts/gpu/episodes_anchor.sh small|large|sync|client" >&2; exit 2 ;;
 esac
 ps aux | grep -E "[s]glang.launch_server" | head -5 > "$OUT/leftover-anchor-$PART.txt"
