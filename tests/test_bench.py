@@ -477,3 +477,17 @@ def test_the_split_experiment_caps_the_runners_batches_only_while_it_is_open() -
     assert _episode.TurnBatcher is original
     with eb.split_batches(None):
         assert _episode.TurnBatcher is original
+
+
+def test_the_episodes_bench_pairs_each_repeats_two_methods_so_a_drift_that_moves_both_cancels() -> None:
+    import episodes as E
+
+    # the machine slows down 2x half-way through: both methods alike; episodes is always 0.9x lockstep
+    speed = [1.0] * 5 + [0.5] * 5
+    results = {"episodes": {"runs": [{"repeat": r, "tok_s": 90.0 * s} for r, s in enumerate(speed)]},
+               "lockstep": {"runs": [{"repeat": r, "tok_s": 100.0 * s} for r, s in enumerate(speed)][1:]}}
+    paired = E.paired_ratios(results, "episodes", "lockstep")
+    assert paired == pytest.approx([0.9] * 9)  # repeat 0 has no lockstep run: left out
+    # the medians of all runs do not see the pairing: a 0.9x ratio in both halves reads otherwise
+    ratio = C.compare(results, "episodes", ["lockstep"])["ratio"]
+    assert ratio == pytest.approx(statistics.median([90.0 * s for s in speed]) / 50.0)
