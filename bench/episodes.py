@@ -683,9 +683,9 @@ def report_runs(results: dict[str, Any], details: Sequence[dict[str, Any]]) -> s
 def paired_ratios(results: dict[str, Any], ours: str, theirs: str) -> list[float]:
     """tok/s of `ours` over `theirs` within each repeat that ran both (one round of the interleaving):
     what a drift of the machine over minutes, which moves both alike, leaves out."""
-    by_repeat = {run["repeat"]: run["tok_s"] for run in results[theirs]["runs"]}
+    by_repeat = {run.get("repeat"): run["tok_s"] for run in results[theirs]["runs"]}
     return [run["tok_s"] / by_repeat[run["repeat"]] for run in results[ours]["runs"]
-            if by_repeat.get(run["repeat"])]
+            if run.get("repeat") is not None and by_repeat.get(run["repeat"])]
 
 
 # (ours, theirs) reported beside the headline, episodes / lockstep
