@@ -121,7 +121,14 @@ def start_offline_engine(model: str, server_argv: list[str]) -> tuple[object, di
         info["max_total_num_tokens"] = llm.get_server_info().get("max_total_num_tokens")
     except Exception as err:  # informative only
         info["max_total_num_tokens"] = f"unknown ({type(err).__name__})"
-    C.log(f"sglang.Engine ready in {info['start_s']:.1f} s (KV pool {info['max_total_num_tokens']} tokens)")
+    # rlgen freezes the GC of the server it launches (server/_process): this side gets the same
+    try:
+        llm.freeze_gc()
+        info["gc_frozen"] = True
+    except Exception as err:  # an SGLang without it: recorded, and the comparison says so
+        info["gc_frozen"] = f"no ({type(err).__name__}: {err})"
+    C.log(f"sglang.Engine ready in {info['start_s']:.1f} s (KV pool {info['max_total_num_tokens']} tokens; "
+          f"GC frozen: {info['gc_frozen']})")
     return llm, info
 
 

@@ -36,7 +36,9 @@ start_sglang() {  # start_sglang PORT LOG [extra flags...]; sets SGLANG_PID
     if [ $((SECONDS - t0)) -gt 400 ]; then echo "sglang start timed out"; tail -40 "$log"; return 1; fi
     sleep 1
   done
-  echo "sglang ready on :$port after $((SECONDS - t0)) s"
+  # as rlgen does for every server it launches (rlgen/server/_process.py): the GC frozen once ready
+  curl -sf -X POST "http://127.0.0.1:$port/freeze_gc" >/dev/null || echo "note: POST /freeze_gc failed on :$port"
+  echo "sglang ready on :$port after $((SECONDS - t0)) s (GC frozen)"
 }
 
 stop_sglang() {
