@@ -24,8 +24,8 @@ from ..core._errors import RequestError, ServerRequestError
 from ._answer import completion_tokens, read_answer, seeded_sampling
 from ._http import Client
 
-__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "gather_or_abort", "new_rid", "request_size",
-           "run_generate"]
+__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "abort_quietly", "chunks_to_fill", "gather_or_abort",
+           "new_rid", "request_size", "run_generate"]
 
 
 @dataclass
@@ -324,12 +324,13 @@ async def gather_or_abort(client: Client, tasks: Sequence[asyncio.Future[Any]], 
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await _abort(client, list(in_flight))
+        await abort_quietly(client, list(in_flight))
         raise
 
 
-async def _abort(client: Client, rids: list[str]) -> None:
-    """Best effort: the caller is already failing; a dead server must not mask the real error."""
+async def abort_quietly(client: Client, rids: list[str]) -> None:
+    """Abort `rids` on the server, best effort (at most 10 s; a failure is swallowed): the caller is
+    already failing or giving the requests up, and a dead server must not mask the real error."""
     if not rids:
         return
     try:

@@ -507,6 +507,7 @@ async def _one(vf_env: Any, loop: LoopCall, record: EpisodeRecord, opts: _Option
         if not done:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await loop.call.sender.abort_given_up()  # its request in flight, if any: nobody reads it now
             failure = _Stop("env_timeout", f"TimeoutError: the rollout did not finish within {opts.timeout:g} s "
                                            "(from_verifiers(timeout=))")
         else:
@@ -596,7 +597,7 @@ def from_verifiers(vf_env: Any, *, model: str = "rlgen", sampling_args: Mapping[
             "server:<name>" (SGLang's `--tool-call-parser` names through `/parse_function_call`;
             hermes by default, which the CPU backend knows) or "hermes" (rlgen's own reading).
         timeout: seconds per rollout ("env_timeout" after; the rollout is cancelled, its request in
-            flight left to finish on the server); None: no limit (verifiers' own `timeout_seconds`
+            flight aborted on the server); None: no limit (verifiers' own `timeout_seconds`
             still applies).
         name: the reward's name (default: the environment's class name).
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client._answer import read_answer, seeded_sampling
-from ..client._generate import new_rid
+from ..client._generate import abort_quietly, new_rid
 from ..client._http import Client
 from ..core._errors import RequestError
 from ._coalesce import TurnBatcher
@@ -68,6 +68,7 @@ class TurnSender:
         self.batcher = (TurnBatcher(client, max_batch=max_in_flight, read=self._read, members=episodes)
                         if batch_turns else None)
         self.in_flight: dict[str, None] = {}
+        self.given_up: list[str] = []  # rids whose waiter was cancelled (`abort_given_up`)
         # One parameters object per (budget, seed offset), shared by the requests that use it: a
         # batch of turns with the same one sends it once.
         self._sampling: dict[tuple[int, int], dict[str, Any]] = {}
@@ -106,6 +107,7 @@ class TurnSender:
                     text = None
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: left for the caller's abort
+                self.given_up.append(rid)
                 raise
             finally:
                 if not cancelled:
@@ -116,6 +118,15 @@ class TurnSender:
         if not isinstance(answer, dict):
             raise RequestError(f"/generate answered {type(answer).__name__}, not one sample")
         return answer, text, latency, own
+
+    async def abort_given_up(self) -> None:
+        """Abort on the server the turns whose waiter was cancelled since the last call (an
+        environment that owns its loop and gave one rollout up at its timeout, say): nobody will
+        read their answers, and each would otherwise run to its token budget."""
+        rids, self.given_up = self.given_up, []
+        for rid in rids:
+            self.in_flight.pop(rid, None)
+        await abort_quietly(self.client, rids)
 
     def leave(self) -> None:
         """An episode ended: it sends no more turns."""

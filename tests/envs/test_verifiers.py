@@ -264,6 +264,33 @@ def test_each_way_an_episode_ends_is_its_own_status_and_the_others_go_on(tok: An
         assert r.turns and r.ids and r.status != "running"
 
 
+def test_a_rollout_that_times_out_while_its_request_is_in_flight_has_that_request_aborted(tok: Any) -> None:
+    class Slow(Scripted):
+        """The second prompt's request is not answered before the rollout's timeout."""
+
+        def __init__(self, tok: Any) -> None:
+            super().__init__(tok, lambda text: "Fine.")
+            self.aborted: list[str] = []
+
+        async def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
+            if "Wait." in self.tok.decode(payload["input_ids"]):
+                self.payloads.append(payload)
+                await asyncio.sleep(30)
+            return await super().generate(payload)
+
+        async def abort(self, rids: list[str]) -> None:
+            self.aborted.extend(rids)
+
+    client = Slow(tok)
+    env = from_verifiers(faulty(), parser="hermes", timeout=1.0)
+    chats = episode_prompts(["Say ok.", "Wait."])
+    records = asyncio.run(episodes.run_episodes(client, tok, chats, env=env, n=1, max_turns=2,  # type: ignore[arg-type]
+                                                batch_turns=False, data={"answer": ["ok", "ok"]}))
+    assert [r.status for r in records] == ["max_turns", "env_timeout"]
+    waited = [p["rid"] for p in client.payloads if "Wait." in tok.decode(p["input_ids"])]
+    assert len(waited) == 1 and client.aborted == waited  # the given-up request, and only it
+
+
 def test_tool_errors_malformed_calls_and_max_turns_of_verifiers(tok: Any) -> None:
     ran: list[int] = []
 
