@@ -491,3 +491,31 @@ def test_the_episodes_bench_pairs_each_repeats_two_methods_so_a_drift_that_moves
     # the medians of all runs do not see the pairing: a 0.9x ratio in both halves reads otherwise
     ratio = C.compare(results, "episodes", ["lockstep"])["ratio"]
     assert ratio == pytest.approx(statistics.median([90.0 * s for s in speed]) / 50.0)
+
+
+@pytest.mark.timeout(120)
+def test_the_in_process_episodes_bench_weighs_each_piece_and_puts_it_back(model_path: str, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    import episodes_inprocess as ip
+
+    from rlgen.episodes import _env, _runner
+
+    texts, contained = _runner.turn_texts, _env.call_contained
+    with ip.experiment("episodes-nodecode"):
+        assert _runner.turn_texts is not texts and _env.call_contained is contained
+        assert _runner.turn_texts(None, 2)([{"text": "from the answer"}]) == ["from the answer"]
+    with ip.experiment("episodes-nocontain"):
+        assert _env.call_contained is not contained and _runner.turn_texts is texts
+    assert _runner.turn_texts is texts and _env.call_contained is contained  # each put back
+    script = Path(__file__).resolve().parents[1] / "bench" / "episodes_inprocess.py"
+    out = tmp_path / "inprocess.json"
+    done = subprocess.run([sys.executable, str(script), "--repeats", "1", "--model", model_path, "--out", str(out)],
+                          capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert sorted(data["ms"]) == ["episodes", "episodes-nocontain", "episodes-nodecode", "lockstep"]
+    assert all(len(v) == 1 and v[0] > 0 for v in data["ms"].values())
+    assert set(data["differences"]) == {"episodes - lockstep", "saved by episodes-nodecode",
+                                        "saved by episodes-nocontain"}

@@ -1,0 +1,159 @@
+"""rlgen's own time in an episodes call, with no server and no HTTP: where it goes.
+
+Not a test. `run_episodes` (the runner `Engine.episodes` drives) and the hand-written lockstep loop
+of `episodes.py` run against one in-process client that answers every `/generate` at once with
+`_instant_server.answer` (no JSON, no socket), so each method's time is its own Python work and the
+making of the answers, which both pay alike; their difference is what rlgen's bookkeeping costs
+(records, texts, turns, the environment's contained step). The workload and the environment are
+`episodes.py`'s (64 chats x n=4, 4 turns of 64 tokens, a fixed reply); each timed run is one
+`asyncio.run` with the cyclic GC paused, as `Engine.episodes` pauses it, after a collection.
+
+Two experiments take one piece out of rlgen's path, to weigh it (switches of this script, not
+options of rlgen's: each swaps a function the runner calls, only while it runs):
+
+    episodes-nodecode    each turn's text read from the answer's own "text", not decoded from its
+                         ids (`turn_texts`: one `batch_decode` per batch)
+    episodes-nocontain   the environment's step awaited directly, without `call_contained`'s task,
+                         timeout and failure handling
+
+Reported: each method's median ms with its 90% bootstrap interval, episodes - lockstep, and what
+each experiment saves (episodes - experiment). The numbers are this machine's: compare within a run.
+
+    python bench/episodes_inprocess.py --out /tmp/inprocess.json
+    python bench/episodes_inprocess.py --out /tmp/inprocess.json --repeats 15
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import _common as C
+import _instant_server as instant
+import episodes as E
+
+SIZES = {"prompts": 64, "n": 4, "turns": 4, "turn_tokens": 64}
+SAMPLING = {"temperature": 1.0, "ignore_eos": True}
+
+
+class InstantClient:
+    """What the runner needs of a client (`generate`, `abort`): every answer made at once, in process."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+
+    async def generate(self, payload: dict[str, Any]) -> Any:
+        ids, params, rid = payload["input_ids"], payload["sampling_params"], payload["rid"]
+        if ids and isinstance(ids[0], list):
+            each = params if isinstance(params, list) else [params] * len(ids)
+            return [instant.answer(i, p, r, self.rng, 0.0) for i, p, r in zip(ids, each, rid)]
+        return instant.answer(ids, params, rid, self.rng, 0.0)
+
+    async def abort(self, rids: list[str]) -> None:
+        return None
+
+
+@contextmanager
+def experiment(name: str) -> Iterator[None]:
+    """While open, the runner runs without the piece `name` takes out (see the module docstring)."""
+    from rlgen.episodes import _env, _runner
+
+    if name == "episodes-nodecode":
+        module, attr, value = _runner, "turn_texts", lambda tok, eos: (lambda answers: [a.get("text") for a in answers])
+    elif name == "episodes-nocontain":
+        async def direct(fn: Any, args: Any, timeout: Any, what: str) -> Any:
+            return _env.normalise_return(await fn(*args), what=what)
+        module, attr, value = _env, "call_contained", direct
+    else:
+        yield
+        return
+    original = getattr(module, attr)
+    setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        setattr(module, attr, original)
+
+
+def methods(tok: Any) -> dict[str, Callable[[], Coroutine[Any, Any, Any]]]:
+    from rlgen.episodes import message_delta_ids, run_episodes
+
+    chats, env = E.chats(SIZES["prompts"]), E.fixed_reply(SIZES["turns"])
+    n, turns, k = SIZES["n"], SIZES["turns"], SIZES["turn_tokens"]
+
+    async def episodes() -> Any:
+        return await run_episodes(InstantClient(), tok, chats, env=env, n=n, max_turns=turns, max_new_tokens=k,
+                                  sampling=SAMPLING, max_in_flight=n * len(chats))
+
+    async def lockstep() -> Any:  # episodes.lockstep's loop, without its HTTP
+        client, eos = InstantClient(), tok.eos_token_id
+        delta = message_delta_ids(tok, [{"role": "user", "content": E.REPLY}])
+        first = [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False))
+                 for c in chats]
+        histories = [list(ids) for ids in first for _ in range(n)]
+        params = {**SAMPLING, "max_new_tokens": k}
+        for turn in range(turns):
+            answers = await client.generate({"input_ids": histories, "sampling_params": params, "return_logprob": True,
+                                             "rid": [str(i) for i in range(len(histories))]})
+            for history, answer in zip(histories, answers):
+                history += answer["output_ids"]
+                history.append(eos)
+                if turn < turns - 1:
+                    history += delta
+        return histories
+
+    return {"episodes": episodes, "lockstep": lockstep, "episodes-nodecode": episodes, "episodes-nocontain": episodes}
+
+
+def timed(name: str, run: Callable[[], Coroutine[Any, Any, Any]]) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        with experiment(name):
+            t0 = time.perf_counter()
+            asyncio.run(run())
+            return time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
+def main() -> None:
+    ap = C.base_parser(__doc__, repeats=9)
+    args = ap.parse_args()
+    from rlgen.engine._startup import load_tokenizer
+
+    record = C.Record(args.out, args, "bench/episodes_inprocess.py")
+    tok = load_tokenizer(C.model_path(args.model))
+    runs = methods(tok)
+    ms: dict[str, list[float]] = {name: [] for name in runs}
+    for name, run in runs.items():  # a warm-up each
+        timed(name, run)
+    order_rng = random.Random(0)
+    for _ in range(C.repeats_of(args)):
+        order = list(runs)
+        order_rng.shuffle(order)
+        for name in order:
+            ms[name].append(timed(name, runs[name]) * 1000)
+    record.data.update(sizes=SIZES, ms=ms)
+    print(f"ms per call, in process ({SIZES}); medians [90% bootstrap interval]")
+    for name, values in ms.items():
+        iv = C.bootstrap_median(values)
+        print(f"  {name:20s} {statistics.median(values):8.1f}  [{iv[0]:.1f}-{iv[1]:.1f}]" if iv else f"  {name}")
+    diffs = {"episodes - lockstep": ("episodes", "lockstep")}
+    diffs.update({f"saved by {x}": ("episodes", x) for x in ("episodes-nodecode", "episodes-nocontain")})
+    record["differences"] = {}
+    for label, (a, b) in diffs.items():
+        d, iv = statistics.median(ms[a]) - statistics.median(ms[b]), C.bootstrap_difference(ms[a], ms[b])
+        record["differences"][label] = {"ms": d, "interval": iv}
+        print(f"  {label:32s} {d:7.1f} ms" + (f" [{iv[0]:.1f}-{iv[1]:.1f}]" if iv else ""))
+    record.save(complete=True)
+
+
+if __name__ == "__main__":
+    main()
