@@ -32,21 +32,25 @@ def answer(ids: list[int], sampling: dict[str, Any], rid: Any, rng: random.Rando
     return {"text": "x" * (3 * k), "output_ids": out, "meta_info": meta}
 
 
+def answers(body: dict[str, Any], rng: random.Random, delay: float) -> Any:
+    """What /generate answers to `body`: one entry, or a list for a batch (a list of `input_ids`,
+    with one `sampling_params` for all or one each, and a list of rids or none)."""
+    ids, sampling, rid = body.get("input_ids"), body.get("sampling_params") or {}, body.get("rid")
+    if ids and isinstance(ids[0], list):
+        params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
+        rids = rid if isinstance(rid, list) else [None] * len(ids)
+        return [answer(i, s, r, rng, delay) for i, s, r in zip(ids, params, rids)]
+    return answer(ids, sampling, rid, rng, delay)
+
+
 def build(model: str, delay: float) -> web.Application:
     rng = random.Random(0)
 
     async def generate(request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
-        ids, sampling, rid = body.get("input_ids"), body.get("sampling_params") or {}, body.get("rid")
         if delay:
             await asyncio.sleep(delay)
-        if ids and isinstance(ids[0], list):
-            params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
-            rids = rid if isinstance(rid, list) else [None] * len(ids)
-            out: Any = [answer(i, s, r, rng, delay) for i, s, r in zip(ids, params, rids)]
-        else:
-            out = answer(ids, sampling, rid, rng, delay)
-        return web.Response(body=orjson.dumps(out), content_type="application/json")
+        return web.Response(body=orjson.dumps(answers(body, rng, delay)), content_type="application/json")
 
     info = {"model_path": model, "tokenizer_path": model, "served_model_name": model, "is_generation": True,
             "context_length": 32768, "version": "0.5.17+instant", "weight_version": "default",

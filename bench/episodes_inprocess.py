@@ -2,7 +2,7 @@
 
 Not a test. `run_episodes` (the runner `Engine.episodes` drives) and the hand-written lockstep loop
 of `episodes.py` run against one in-process client that answers every `/generate` at once with
-`_instant_server.answer` (no JSON, no socket), so each method's time is its own Python work and the
+`_instant_server.answers` (no JSON, no socket), so each method's time is its own Python work and the
 making of the answers, which both pay alike; their difference is what rlgen's bookkeeping costs
 (records, texts, turns, the environment's contained step). The workload and the environment are
 `episodes.py`'s (64 chats x n=4, 4 turns of 64 tokens, a fixed reply); each timed run is one
@@ -49,11 +49,7 @@ class InstantClient:
         self.rng = random.Random(0)
 
     async def generate(self, payload: dict[str, Any]) -> Any:
-        ids, params, rid = payload["input_ids"], payload["sampling_params"], payload["rid"]
-        if ids and isinstance(ids[0], list):
-            each = params if isinstance(params, list) else [params] * len(ids)
-            return [instant.answer(i, p, r, self.rng, 0.0) for i, p, r in zip(ids, each, rid)]
-        return instant.answer(ids, params, rid, self.rng, 0.0)
+        return instant.answers(payload, self.rng, 0.0)
 
     async def abort(self, rids: list[str]) -> None:
         return None
