@@ -43,13 +43,20 @@ SAMPLING = {"temperature": 1.0, "ignore_eos": True}
 
 
 class InstantClient:
-    """What the runner needs of a client (`generate`, `abort`): every answer made at once, in process."""
+    """What the runner needs of a client (`generate`, `abort`): every answer made at once, in process,
+    then handed back after `server_s` (the time a server would work on it: rlgen's work done while
+    it waits is then off the critical path, as on a real server)."""
+
+    server_s = 0.0
 
     def __init__(self) -> None:
         self.rng = random.Random(0)
 
     async def generate(self, payload: dict[str, Any]) -> Any:
-        return instant.answers(payload, self.rng, 0.0)
+        made = instant.answers(payload, self.rng, 0.0)
+        if self.server_s:
+            await asyncio.sleep(self.server_s)
+        return made
 
     async def abort(self, rids: list[str]) -> None:
         return None
@@ -121,7 +128,11 @@ def timed(name: str, run: Callable[[], Coroutine[Any, Any, Any]]) -> float:
 
 def main() -> None:
     ap = C.base_parser(__doc__, repeats=9)
+    ap.add_argument("--server-ms", type=float, default=0.0,
+                    help="each answer handed back this long after its request (a server's time on a turn); "
+                         "then episodes - lockstep is rlgen's time on the critical path, not all of it")
     args = ap.parse_args()
+    InstantClient.server_s = args.server_ms / 1000
     from rlgen.engine._startup import load_tokenizer
 
     record = C.Record(args.out, args, "bench/episodes_inprocess.py")
@@ -136,8 +147,8 @@ def main() -> None:
         order_rng.shuffle(order)
         for name in order:
             ms[name].append(timed(name, runs[name]) * 1000)
-    record.data.update(sizes=SIZES, ms=ms)
-    print(f"ms per call, in process ({SIZES}); medians [90% bootstrap interval]")
+    record.data.update(sizes=SIZES, ms=ms, server_ms=args.server_ms)
+    print(f"ms per call, in process ({SIZES}, answers after {args.server_ms:g} ms); medians [90% bootstrap interval]")
     for name, values in ms.items():
         iv = C.bootstrap_median(values)
         print(f"  {name:20s} {statistics.median(values):8.1f}  [{iv[0]:.1f}-{iv[1]:.1f}]" if iv else f"  {name}")

@@ -156,3 +156,18 @@ def test_request_ids_are_unique_and_name_this_process() -> None:
     rids = [new_rid() for _ in range(1000)]
     assert len(set(rids)) == 1000 and all(r.startswith("rlgen-") for r in rids)
     assert len({r.rsplit("-", 1)[0] for r in rids}) == 1  # one prefix per process
+
+
+def test_the_light_readers_of_an_answer_agree_with_read_answer() -> None:
+    from rlgen.client._answer import failed_entry, finish_kind, read_answer, sampled_ids
+
+    entries: list[dict[str, Any]] = [
+        failed_entry("x"), failed_entry("gone", reason="abort"), {"error": "boom"}, {"error": {"message": "m"}},
+        {"meta_info": {"finish_reason": "length"}}, {"meta_info": {"finish_reason": ""}}, {"meta_info": {}}, {},
+        {"meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}, {"meta_info": {"finish_reason": {"type": None}}},
+        {"output_ids": [5, 6], "meta_info": {"output_token_logprobs": [[-1.0, 7, None]]}},
+        {"meta_info": {"output_token_logprobs": [[-1.0, 7, None], [-2.0, 8, None]]}},
+    ]
+    for entry in entries:
+        read = read_answer(entry)
+        assert (finish_kind(entry), sampled_ids(entry)) == (read.finish, read.ids()), entry

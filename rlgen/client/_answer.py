@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FINISHED", "Answer", "completion_tokens", "failed_entry", "read_answer", "seeded_sampling"]
+__all__ = ["FINISHED", "Answer", "completion_tokens", "failed_entry", "finish_kind", "read_answer", "sampled_ids",
+           "seeded_sampling"]
 
 # The finish kinds of a whole sample (it stopped, or reached its length limit); "abort" and
 # "error" are samples that did not finish; rlgen's own scored completions say "score".
@@ -114,6 +115,27 @@ def read_answer(entry: Any, index: int = 0) -> Answer:
         input_logprobs=meta.get("input_token_logprobs"),
         meta=meta,
     )
+
+
+def finish_kind(entry: Mapping[str, Any]) -> str:
+    """`read_answer(entry).finish` of a decoded entry (a dict), without building an `Answer`: what
+    an episode's turn must know before its next request (the rest is read after it is sent)."""
+    meta = entry.get("meta_info") or {}
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict):
+        return str(finish.get("type") or "unknown")
+    if isinstance(finish, str):
+        return finish or "unknown"
+    return "error" if "meta_info" not in entry and "error" in entry else "unknown"
+
+
+def sampled_ids(entry: Mapping[str, Any]) -> list[int]:
+    """`read_answer(entry).ids()` of a decoded entry (a dict), without building an `Answer`."""
+    ids = entry.get("output_ids")
+    if ids is not None:
+        return ids  # type: ignore[no-any-return]
+    entries = (entry.get("meta_info") or {}).get("output_token_logprobs")
+    return [t[1] for t in entries] if entries else []
 
 
 def completion_tokens(entry: Any) -> int:

@@ -9,13 +9,16 @@ sent, or have left), when no request has joined it for `linger_s`, when it has l
 `max_wait_s`, or when it holds `max_batch` requests. Requests that share one
 sampling-parameters object are sent with it once (SGLang applies a single dict to every prompt
 of a batch), not as a list of copies. A `read` hook, when given, turns the batch's answers into
-what each waiter gets, in one call (the episodes decode every turn's text at once there).
+what each waiter gets, in one call (the episodes decode every turn's text at once there). A
+requester may hand over work for later (`once_sent`): it runs once the batch's request has been
+handed to the client (its first step, which writes it, has run), while the server works on it.
 
 Why: every request costs its HTTP round trip and the server's per-request handling, so SGLang
 serves one batched request of many prompts much faster than as many requests of one prompt each.
 Episodes that run in step (every episode's turn k answered by the same batch, then its environment
 step) reach the batcher within milliseconds of each other, so their next turns leave together; the
-last of them sends the batch at once, not `linger_s` later, when the batcher knows the members. A
+last of them sends the batch at once, not `linger_s` later, when the batcher knows the members;
+what each of them hands over for later (its last turn's bookkeeping) then runs off that path. A
 batch's answer comes back when its longest sample finishes, as a `generate()` request's does; on
 episodes, batching was still the faster of the two, most with turns ending at EOS (the
 measurements: docs/benchmarks.md, "Multi-turn episodes").
@@ -27,7 +30,7 @@ returns answers. Aborting is the caller's (every rid it sends is the caller's to
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +44,8 @@ __all__ = ["TurnBatcher"]
 class _Pending:
     items: list[tuple[list[int], Mapping[str, Any], str, asyncio.Future[Any]]] = field(default_factory=list)
     joined: asyncio.Event = field(default_factory=asyncio.Event)
+    later: list[Callable[[], None]] = field(default_factory=list)  # each requester's `once_sent`
+    launched: bool = False
 
 
 class TurnBatcher:
@@ -61,19 +66,27 @@ class TurnBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches: list[int] = []   # the size of each batch sent, in order
 
-    async def generate(self, ids: list[int], sampling: Mapping[str, Any], rid: str) -> Any:
-        """This request's answer; `sampling` is sent as it is (not copied): leave it unchanged."""
+    async def generate(self, ids: list[int], sampling: Mapping[str, Any], rid: str, *,
+                       once_sent: Callable[[], None] | None = None) -> Any:
+        """This request's answer; `sampling` is sent as it is (not copied): leave it unchanged.
+        `once_sent()` runs once the batch has been handed to the client (or was given up before
+        it was), before the answer comes: work that the request does not need. It must not raise."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         pending = self._pending
         if pending is None:
             pending = self._pending = _Pending()
-            task = asyncio.ensure_future(self._send_when_ready(pending))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._track(self._send_when_ready(pending))
         pending.items.append((ids, sampling, rid, future))
+        if once_sent is not None:
+            pending.later.append(once_sent)
         self._close_if_complete(pending)
         pending.joined.set()
         return await future
+
+    def _track(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def leave(self) -> None:
         """A member will send no more requests (its episode ended): the batch that waits for the
@@ -90,9 +103,19 @@ class TurnBatcher:
         member that can still join has: the others wait for answers of batches already sent."""
         n = len(pending.items)
         if n >= self.max_batch or (self.members is not None and n + self._sent >= self.members):
+            self._launch(pending)
+
+    def _launch(self, pending: _Pending) -> None:
+        """Close `pending` and send it now (its lingering task, woken, then finds nothing to do)."""
+        if self._pending is pending:
             self._pending = None
+        if not pending.launched:
+            pending.launched = True
+            self._track(self._send(pending))
 
     async def _send_when_ready(self, pending: _Pending) -> None:
+        """Send `pending` once nothing has joined it for `linger_s`, or once it has lasted
+        `max_wait_s`, unless it was complete (and sent) before."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         while self._pending is pending:
@@ -104,10 +127,18 @@ class TurnBatcher:
                 await asyncio.wait_for(pending.joined.wait(), timeout=min(self.linger_s, left))
             except asyncio.TimeoutError:
                 break  # nothing joined for linger_s
-        if self._pending is pending:
-            self._pending = None
+        self._launch(pending)
+
+    @staticmethod
+    def _run_later(pending: _Pending) -> None:
+        later, pending.later = pending.later, []
+        for work in later:
+            work()
+
+    async def _send(self, pending: _Pending) -> None:
         items = [item for item in pending.items if not item[3].done()]  # a cancelled waiter sends nothing
         if not items:
+            self._run_later(pending)
             return
         self.batches.append(len(items))
         shared = items[0][1]
@@ -115,11 +146,17 @@ class TurnBatcher:
         payload = {"input_ids": [ids for ids, _, _, _ in items], "sampling_params": params,
                    "return_logprob": True, "rid": [rid for _, _, rid, _ in items]}
         self._sent += len(items)
+        # The request's first step (which writes it) and then the work handed over for later: both
+        # queued on the loop now, in that order.
+        request = asyncio.ensure_future(self.client.generate(payload))
+        asyncio.get_running_loop().call_soon(self._run_later, pending)
         try:
             try:
-                answer = await self.client.generate(payload)
+                answer = await request
             finally:
                 self._sent -= len(items)
+                if not request.done():
+                    request.cancel()
             if not isinstance(answer, list) or len(answer) != len(items):
                 got = f"{len(answer)} answers" if isinstance(answer, list) else type(answer).__name__
                 raise RequestError(f"/generate answered {got} for a batch of {len(items)} turns")

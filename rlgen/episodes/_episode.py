@@ -11,15 +11,17 @@ Owns: `Episode`, one episode's named state and its steps:
 - `step`: the environment asked, and its messages' template delta appended (mask 0) when the next
   request, with it, fits the model's context (when it does not, the episode ends "context_limit"
   and keeps only what was sent: the reply stays in the turns frame, not in the ids or messages);
+- `settle`: the rest of a turn's reading (its ids' labels and logprobs, its `Turn`s written to the
+  record), done once the next request has been sent, while the server works on it;
 - `close`: the environment's close, once the episode has ended (not after a cancellation);
-- `finish`: the record's turns written (on every way out, Ctrl-C included).
+- `finish`: the last turn settled (on every way out, Ctrl-C included).
 
 The stops: "done", "max_turns", "context_limit", the environment's failure statuses,
 "template_error", "request_error". Each assistant `Turn` records `latency_s` (its request) and
 `rlgen_s`, the runner's own time for it (the synchronous work outside the server and the
 environment: the request's ids (the first prompt, or the template delta of the messages before
-it), its payload, reading the answer into the record, and after the environment's step, its
-bookkeeping when the episode ends there), for the overhead benchmark.
+it), its payload, reading the answer into the record, its settling, and after the environment's
+step, its bookkeeping when the episode ends there), for the overhead benchmark.
 
 Also owns what every episode of one call shares (`EpisodeCall`: the tokenizer, the environment, the
 limits, one delta renderer) and `TurnSender`: one turn's request with its own rid (tracked while in
@@ -39,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..client._answer import read_answer, seeded_sampling
+from ..client._answer import finish_kind, read_answer, sampled_ids, seeded_sampling
 from ..client._generate import abort_quietly, new_rid
 from ..client._http import Client
 from ..core._errors import RequestError
@@ -48,7 +50,8 @@ from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
 from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
-__all__ = ["Episode", "EpisodeCall", "SampledTurn", "TurnSender", "sample_turn", "text_ids", "turn_texts"]
+__all__ = ["Episode", "EpisodeCall", "Received", "SampledTurn", "TurnSender", "receive_turn", "sample_turn",
+           "settle_turn", "text_ids", "turn_texts"]
 
 
 class TurnSender:
@@ -85,9 +88,11 @@ class TurnSender:
     def _read(self, answers: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], str | None]]:
         return list(zip(answers, self.texts(answers)))
 
-    async def generate(self, ids: list[int], budget: int, sample_index: int
-                       ) -> tuple[dict[str, Any], str | None, float, float]:
-        """(the answer, its text or None, its latency, the runner's own seconds building the payload)."""
+    async def generate(self, ids: list[int], budget: int, sample_index: int, *,
+                       once_sent: Callable[[], None] | None = None) -> tuple[dict[str, Any], str | None, float, float]:
+        """(the answer, its text or None, its latency, the runner's own seconds building the payload).
+        `once_sent()` runs once a batched request has left, before its answer comes (`TurnBatcher`);
+        without batching it is not called: the caller does that work itself."""
         t = time.perf_counter()
         params = self.sampling(budget, sample_index)
         own = time.perf_counter() - t
@@ -100,7 +105,7 @@ class TurnSender:
             cancelled = False
             try:
                 if self.batcher is not None:
-                    answer, text = await self.batcher.generate(ids, params, rid)
+                    answer, text = await self.batcher.generate(ids, params, rid, once_sent=once_sent)
                 else:
                     answer = await self.client.generate({"input_ids": ids, "sampling_params": params,
                                                          "return_logprob": True, "rid": rid})
@@ -213,48 +218,108 @@ class SampledTurn:
     own_s: float
 
 
-async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budget: int) -> SampledTurn | tuple[str, str]:
-    """Assistant turn `turn` of `record`: one request through the call's sender (at most `budget`
-    new tokens), the sampled ids appended as sampled (loss mask 1, the server's logprobs), the text
-    decoded from them as the assistant's message, then a closing EOS (mask 0) if the turn ended
-    without one. What ends the episode instead is returned as (status, error): "context_limit" (the
-    request would not fit), "request_error" (refused, failed or aborted). `Episode` and an
-    environment that owns its loop (verifiers) sample through this one piece."""
+@dataclass
+class Received:
+    """An assistant turn's answer with its ids (and closing EOS) already in the record's `ids` and
+    its text in its `messages` (`receive_turn`), before the rest of its reading (`settle_turn`):
+    what the next request needs first, the rest after."""
+
+    turn: int
+    answer: dict[str, Any]
+    text: str
+    sampled: list[int]
+    closing: list[int]
+    latency: float
+    sent: int
+    own_s: float
+
+
+async def receive_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budget: int, *,
+                       once_sent: Callable[[], None] | None = None) -> Received | tuple[str, str]:
+    """Assistant turn `turn` of `record`, its first half: one request through the call's sender (at
+    most `budget` new tokens; `once_sent` as `TurnSender.generate`), the sampled ids appended to the
+    record's ids, then a closing EOS if the turn ended without one, and the text decoded from them
+    as the assistant's message. Their labels, logprobs and `Turn` are `settle_turn`'s. What ends
+    the episode instead is returned as (status, error): "context_limit" (the request would not
+    fit), "request_error" (refused, failed or aborted)."""
     if not call.fits(len(record.ids)):
         return "context_limit", f"turn {turn}: {call.too_long(len(record.ids))}"
     sent = len(record.ids)
     try:  # the request's own copy of the ids: whatever keeps the payload never sees the record grow
-        answer, text, latency, payload_s = await call.sender.generate(list(record.ids), budget, record.sample_index)
+        answer, text, latency, payload_s = await call.sender.generate(list(record.ids), budget, record.sample_index,
+                                                                      once_sent=once_sent)
     except RequestError as e:
         return "request_error", f"turn {turn}: {e}"
     t = time.perf_counter()
-    read = read_answer(answer)
-    if read.finish == "abort":
-        return "request_error", f"turn {turn}: the server aborted the request: {read.meta.get('finish_reason')}"
-    sampled: list[int] = read.output_ids or []  # decoded JSON: Python ints
-    lps = read.token_logprobs() if read.output_ids is not None else []
-    record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
+    if finish_kind(answer) == "abort":
+        why = read_answer(answer).meta.get("finish_reason")
+        return "request_error", f"turn {turn}: the server aborted the request: {why}"
+    sampled = sampled_ids(answer)  # decoded JSON: Python ints
     if text is None:
         text = call.tokenizer.decode(text_ids(sampled, call.eos))
+    closing = closing_ids(call.eos, sampled)
+    record.ids.extend(sampled)
+    record.ids.extend(closing)
     record.messages.append({"role": "assistant", "content": text})
-    said = Turn(turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
+    return Received(turn, answer, text, sampled, closing, latency, sent, payload_s + time.perf_counter() - t)
+
+
+def settle_turn(record: EpisodeRecord, got: Received) -> SampledTurn:
+    """Assistant turn `got`, its second half: the sampled ids labelled (loss mask 1, the server's
+    logprobs) and the closing EOS (mask 0), its `Turn` made. Call it before anything else is
+    appended to the record."""
+    t = time.perf_counter()
+    read = read_answer(got.answer)
+    lps = read.token_logprobs()
+    record.label(len(got.sampled), role="assistant", turn=got.turn, mask=1, logprobs=lps)
+    record.label(len(got.closing), role="env", turn=got.turn)
+    said = Turn(got.turn, "assistant", text=got.text, tokens=len(got.sampled),
+                logprob_mean=sum(lps) / len(lps) if lps else None,
                 finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
-                prompt_tokens=int(read.prompt_tokens or sent), latency_s=latency, rid=read.rid,
+                prompt_tokens=int(read.prompt_tokens or got.sent), latency_s=got.latency, rid=read.rid,
                 weight_version=read.weight_version, matched_stop=read.matched_stop)
-    record.extend(closing_ids(call.eos, sampled), role="env", turn=turn)
-    return SampledTurn(said, sampled, lps, read.finish, read.rid, sent, payload_s + time.perf_counter() - t)
+    return SampledTurn(said, got.sampled, lps, read.finish, read.rid, got.sent,
+                       got.own_s + time.perf_counter() - t)
+
+
+async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budget: int) -> SampledTurn | tuple[str, str]:
+    """Assistant turn `turn` of `record` whole (`receive_turn`, then `settle_turn`): its request,
+    its sampled ids appended as sampled (loss mask 1, the server's logprobs), the text decoded from
+    them as the assistant's message, then a closing EOS (mask 0) if the turn ended without one.
+    What ends the episode instead is returned as (status, error), as `receive_turn` says. An
+    environment that owns its loop (verifiers) samples through this one piece."""
+    got = await receive_turn(call, record, turn, budget)
+    return got if isinstance(got, tuple) else settle_turn(record, got)
+
+
+@dataclass
+class _Unsettled:
+    """The last turn as far as the next request needed it: its answer (`Received`), then the
+    environment's reply and the delta sent after it (None: not sent), and the runner's own seconds
+    so far; `Episode.settle` makes the rest (labels, logprobs, the two `Turn`s)."""
+
+    got: Received
+    own: float
+    reply: EnvReply | None = None
+    delta: list[int] | None = None
 
 
 class Episode:
     """One episode: `run()` is `start`, then `sample` and `step` per assistant turn until one of them
     ends it, then `finish`. Each step returns whether the episode goes on; one that ends it has set
-    the record's status and error."""
+    the record's status and error.
+
+    A turn's bookkeeping that the next request does not need (its ids' labels and logprobs, its
+    answer's reading, its two `Turn`s) is left `unsettled` until that request has been sent
+    (`settle`, handed to the batch as `once_sent`), so that it runs while the server works, not
+    between an answer and the next request; it is settled before the next turn's is, and on every
+    way out."""
 
     def __init__(self, call: EpisodeCall, record: EpisodeRecord, prompt: Sequence[Mapping[str, Any]]) -> None:
         self.call, self.record, self.prompt = call, record, prompt
         self.session: EpisodeEnv | None = None
-        self.turns: list[Turn] = []
-        self.assistant: Turn | None = None  # the last assistant turn
+        self.unsettled: _Unsettled | None = None
+        self.unsettled_error: Exception | None = None  # what settling raised off this episode's task
         self.own = 0.0  # the runner's own seconds towards the next request (its ids)
 
     async def run(self) -> None:
@@ -263,6 +328,7 @@ class Episode:
                 for turn in range(self.call.max_turns):
                     if not await self.sample(turn) or not await self.step(turn):
                         break
+            self.settle()
             await self.close()
         finally:
             self.finish()
@@ -305,41 +371,39 @@ class Episode:
         return True
 
     async def sample(self, turn: int) -> bool:
-        """Assistant turn `turn`: its request, its sampled ids and text, a closing EOS if needed."""
-        got = await sample_turn(self.call, self.record, turn, self.call.max_new_tokens)
+        """Assistant turn `turn`: its request (the last turn settled once it has left), its sampled
+        ids and text, a closing EOS if needed."""
+        got = await receive_turn(self.call, self.record, turn, self.call.max_new_tokens,
+                                 once_sent=self.settle_quietly if self.unsettled is not None else None)
+        self.settle()  # the last turn, if its request's batch did not (one request per turn; a batch given up)
         if isinstance(got, tuple):
             return self.end(*got)
-        self.assistant = got.turn
-        self.turns.append(got.turn)
-        got.turn.rlgen_s = self.own + got.own_s
+        self.unsettled = _Unsettled(got, self.own)
         return True
 
     async def step(self, turn: int) -> bool:
         """The environment's reply to assistant turn `turn`, and the next request's ids."""
-        session, assistant = self.session, self.assistant
-        if session is None or assistant is None:
+        session, last = self.session, self.unsettled
+        if session is None or last is None:
             raise RuntimeError("Episode.step() before start() and sample()")
         t = time.perf_counter()
         messages = [dict(m) for m in self.record.messages]
-        assistant.rlgen_s += time.perf_counter() - t
+        last.own += time.perf_counter() - t
         reply = await session.step(messages)
         t = time.perf_counter()
-        going = self._take(turn, reply)
+        last.reply = reply
+        going = self._take(turn, reply, last)
         if going:
             self.own = time.perf_counter() - t  # the next request's ids: the next turn's
         else:
-            assistant.rlgen_s += time.perf_counter() - t
+            last.own += time.perf_counter() - t
         return going
 
-    def _take(self, turn: int, reply: EnvReply) -> bool:
-        """The environment's reply into the record: its turn, then the end it says, or its delta."""
+    def _take(self, turn: int, reply: EnvReply, last: _Unsettled) -> bool:
+        """The environment's reply into the record as far as the next request needs it: the end it
+        says, or its delta appended (its turn is made by `settle`)."""
         call, record = self.call, self.record
         record.env_seconds += reply.seconds
-        said = Turn(turn, "env", text="\n".join(m["content"] for m in reply.messages) or None,
-                    tool_calls=reply.tool_calls, tool_calls_failed=reply.tool_calls_failed, latency_s=reply.seconds,
-                    status=reply.status, done=reply.done, calls=reply.calls,
-                    roles=[m.get("role") for m in reply.messages], reward=reply.reward, info=reply.info)
-        self.turns.append(said)
         if reply.status is not None:
             return self.fail(reply)
         if reply.done or turn == call.max_turns - 1:
@@ -352,9 +416,44 @@ class Episode:
             return self.end("context_limit", f"turn {turn + 1}: the environment's reply ({len(delta)} tokens) was "
                                              f"not sent: {call.too_long(len(record.ids) + len(delta))}")
         record.messages.extend(reply.messages)
-        record.extend(delta, role="env", turn=turn)
-        said.tokens = len(delta)
+        record.ids.extend(delta)
+        last.delta = delta
         return True
+
+    def settle(self) -> None:
+        """The last turn's bookkeeping, if it is still to do: its ids labelled, its assistant turn
+        and the environment's reply after it (if any) made into `Turn`s and written to the record's
+        `turns` (as the dicts a record keeps). Raises what settling
+        raised off this episode's task (`settle_quietly`), or raises now."""
+        error, self.unsettled_error = self.unsettled_error, None
+        if error is not None:
+            raise error
+        last, self.unsettled = self.unsettled, None
+        if last is None:
+            return
+        t = time.perf_counter()
+        got = settle_turn(self.record, last.got)
+        turns = [got.turn]
+        reply = last.reply
+        if reply is not None:
+            said = Turn(got.turn.turn, "env", text="\n".join(m["content"] for m in reply.messages) or None,
+                        tool_calls=reply.tool_calls, tool_calls_failed=reply.tool_calls_failed,
+                        latency_s=reply.seconds, status=reply.status, done=reply.done, calls=reply.calls,
+                        roles=[m.get("role") for m in reply.messages], reward=reply.reward, info=reply.info)
+            if last.delta is not None:
+                self.record.label(len(last.delta), role="env", turn=got.turn.turn)
+                said.tokens = len(last.delta)
+            turns.append(said)
+        got.turn.rlgen_s = last.own + got.own_s + time.perf_counter() - t
+        self.record.turns.extend(t.as_dict() for t in turns)
+
+    def settle_quietly(self) -> None:
+        """`settle`, keeping what it raises for the next `settle` (run from the batch that sent this
+        episode's next request, or on a way out that must not raise)."""
+        try:
+            self.settle()
+        except Exception as e:
+            self.unsettled_error = e
 
     async def close(self) -> None:
         """The environment's close, once the episode has ended: a failure there is the episode's
@@ -367,5 +466,5 @@ class Episode:
             self.fail(reply)
 
     def finish(self) -> None:
-        """The turns into the record (as the dicts a record keeps)."""
-        self.record.turns = [t.as_dict() for t in self.turns]
+        """The last turn into the record (each turn's dicts are written as it is settled)."""
+        self.settle_quietly()

@@ -86,10 +86,19 @@ class EpisodeRecord:
         Raises:
             ValueError: `logprobs` of another length than `ids`.
         """
-        n = len(ids)
+        self.ids.extend(ids)
+        self.label(len(ids), role=role, turn=turn, mask=mask, logprobs=logprobs)
+
+    def label(self, n: int, *, role: str, turn: int, mask: int = 0, logprobs: Sequence[float] | None = None) -> None:
+        """The per-token labels of `n` ids already appended to `ids` (`extend` is both): the runner
+        appends a turn's ids before its next request and labels them while the server works on it,
+        so that between the two the per-token lists are shorter than `ids`.
+
+        Raises:
+            ValueError: `logprobs` of another length than `n`.
+        """
         if logprobs is not None and len(logprobs) != n:
             raise ValueError(f"{len(logprobs)} logprobs for {n} ids")
-        self.ids.extend(ids)
         self.loss_mask.extend([mask] * n)
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
         self.turn_ids.extend([turn] * n)

@@ -125,3 +125,37 @@ def test_members_waiting_for_a_batch_in_flight_do_not_hold_the_next_one() -> Non
         return seconds
 
     assert asyncio.run(main()) < 0.4
+
+
+def test_work_handed_over_runs_after_the_request_has_left_and_before_its_answer() -> None:
+    order: list[str] = []
+
+    class Logged(Client):
+        async def generate(self, payload: dict[str, Any]) -> Any:
+            order.append("request")
+            await asyncio.sleep(0.01)
+            order.append("answer")
+            return await super().generate(payload)
+
+    async def main() -> None:
+        batcher = TurnBatcher(Logged(), max_batch=2, linger_s=5.0, max_wait_s=5.0)  # type: ignore[arg-type]
+        await asyncio.gather(*(batcher.generate([i], {}, str(i), once_sent=lambda i=i: order.append(f"later {i}"))
+                               for i in range(2)))
+
+    asyncio.run(main())
+    assert order == ["request", "later 0", "later 1", "answer"]
+
+
+def test_work_handed_over_runs_even_when_every_waiter_gave_up() -> None:
+    ran: list[int] = []
+
+    async def main() -> None:
+        batcher = TurnBatcher(Client(), max_batch=8, linger_s=0.01, max_wait_s=1.0)  # type: ignore[arg-type]
+        waiter = asyncio.ensure_future(batcher.generate([1], {}, "a", once_sent=lambda: ran.append(1)))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.sleep(0.05)
+        await batcher.close()
+
+    asyncio.run(main())
+    assert ran == [1]

@@ -309,3 +309,42 @@ def test_the_cyclic_gc_is_paused_while_episodes_run_and_resumed_after(engine: rl
     assert gc.isenabled()
     res = engine.episodes(["Say something."], env=env, n=2, max_turns=1, max_new_tokens=4)
     assert seen == [False, False] and gc.isenabled() and res.df.status.eq("done").all()
+
+
+@pytest.mark.timeout(120)
+def test_a_turns_bookkeeping_is_done_while_the_next_request_is_on_the_server_and_the_records_are_whole(
+        engine: rlgen.Engine) -> None:
+    import asyncio
+
+    from rlgen.episodes import run_episodes
+    from rlgen.episodes._result import EpisodeRecord
+
+    records: list[EpisodeRecord] = []
+    seen: list[list[int]] = []  # per request, each record's written turns while the server "works"
+
+    class Server:
+        """Answers each batch 20 ms after it came, 3 sampled ids (the last an EOS) per prompt."""
+
+        async def generate(self, payload: dict[str, Any]) -> Any:
+            await asyncio.sleep(0.02)
+            seen.append([len(r.turns) for r in records])
+            return [{"text": "", "output_ids": [300, 301, EOS], "meta_info": {
+                "id": rid, "finish_reason": {"type": "stop", "matched": EOS}, "prompt_tokens": len(ids),
+                "completion_tokens": 3, "cached_tokens": 0, "output_token_logprobs": [[-0.5, t, None] for t in (300, 301, EOS)]}}
+                for ids, rid in zip(payload["input_ids"], payload["rid"])]
+
+        async def abort(self, rids: list[str]) -> None:
+            return None
+
+    def go_on(messages: list[dict[str, Any]], data: Any) -> str:
+        return "done" if sum(m["role"] == "assistant" for m in messages) >= 3 else "Go on."
+
+    asyncio.run(run_episodes(Server(), engine.tokenizer, [[{"role": "user", "content": "Hi."}]] * 2,  # type: ignore[arg-type]
+                             env=go_on, n=2, max_turns=3, max_new_tokens=3, records=records))
+    # While turn k's request is on the server, turns 1..k-1 (an assistant turn and a reply each) are written.
+    assert seen == [[0] * 4, [2] * 4, [4] * 4]
+    for r in records:
+        assert r.status == "done" and [t["role"] for t in r.turns] == ["assistant", "env"] * 3
+        assert len(r.loss_mask) == len(r.logprobs) == len(r.turn_ids) == len(r.roles) == len(r.ids)
+        assert sum(r.loss_mask) == 9 and r.logprobs.count(-0.5) == 9
+        assert [t["logprob_mean"] for t in r.assistant_turns] == [-0.5] * 3
