@@ -14,9 +14,16 @@ its 90% bootstrap interval, and that difference as a share of the lockstep loop'
 the H200 (`--gpu-lockstep-s`, default 2.571 s: the 135M run of docs/gpu/2026-12-03n), which is
 what the difference would cost there if the server's time were the same for both.
 `--profile`: one more episodes call under cProfile, on the thread that runs it, the top lines.
+Per episodes call, its timeline (`Timeline`): the ms from the call to its first request, between
+each answer and the next request (the client's work on the critical path, where the server waits),
+and from the last answer to the call's return (the last turn and the result), with their medians.
+`--server-ms`: the server answers each request that long after it came (a GPU's time on a turn),
+so that the difference is rlgen's time on the critical path (work done while the server works is
+not counted), not all of it; the H200 share then assumes the same server time for both methods.
 
     python bench/episodes_client.py --out /tmp/episodes_client.json
     python bench/episodes_client.py --out /tmp/p.json --repeats 3 --profile
+    python bench/episodes_client.py --out /tmp/c.json --server-ms 400
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +69,52 @@ class GcClock:
         return out
 
 
-def start_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
+class Timeline:
+    """When an episodes call's requests left and their answers came (rlgen's client's `generate`,
+    wrapped while `on`): per call, `before_first` (from the call to its first request), `between`
+    (each answer to the next request: the client's work on the critical path) and `after_last`
+    (the last answer to the call's return: the last turn's work and the result's building), in ms."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float]] = []
+
+    @contextmanager
+    def on(self) -> Iterator[None]:
+        from rlgen.client import _http
+
+        original, marks = _http.Client.generate, self.marks
+
+        async def generate(client: Any, payload: dict[str, Any]) -> Any:
+            marks.append(("sent", time.perf_counter()))
+            try:
+                return await original(client, payload)
+            finally:
+                marks.append(("answered", time.perf_counter()))
+
+        self.marks.clear()
+        marks.append(("call", time.perf_counter()))
+        _http.Client.generate = generate  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            _http.Client.generate = original  # type: ignore[method-assign]
+            marks.append(("returned", time.perf_counter()))
+
+    def take(self) -> dict[str, Any]:
+        sent = [t for k, t in self.marks if k == "sent"]
+        answered = [t for k, t in self.marks if k == "answered"]
+        if not sent or len(sent) != len(answered):
+            return {}
+        return {"before_first_ms": 1e3 * (sent[0] - self.marks[0][1]),
+                "between_ms": [1e3 * (b - a) for a, b in zip(answered, sent[1:])],
+                "after_last_ms": 1e3 * (self.marks[-1][1] - answered[-1]), "requests": len(sent)}
+
+
+def start_server(model: str, delay_s: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(HERE / "_instant_server.py"), model, str(port)])
+    proc = subprocess.Popen([sys.executable, str(HERE / "_instant_server.py"), model, str(port), str(delay_s)])
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -79,7 +128,7 @@ def start_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def methods(eng: Any, chats: list[Any], size: dict[str, int], clock: GcClock, runs: dict[str, list[dict[str, Any]]],
-            *, sync_env: bool) -> dict[str, Callable[[C.Workload], C.Served]]:
+            *, sync_env: bool, timeline: Timeline | None = None) -> dict[str, Callable[[C.Workload], C.Served]]:
     import asyncio
 
     T, K, N = size["turns"], size["turn_tokens"], size["n"]
@@ -97,8 +146,11 @@ def methods(eng: Any, chats: list[Any], size: dict[str, int], clock: GcClock, ru
 
     def episodes(w: C.Workload) -> C.Served:
         def call() -> int:
-            res = eng.episodes(chats, env=env, n=N, max_turns=T, max_new_tokens=K, temperature=1.0, ignore_eos=True,
-                               progress=False, max_in_flight=len(chats) * N)
+            with timeline.on() if timeline is not None else nullcontext():
+                res = eng.episodes(chats, env=env, n=N, max_turns=T, max_new_tokens=K, temperature=1.0,
+                                   ignore_eos=True, progress=False, max_in_flight=len(chats) * N)
+            if timeline is not None:
+                runs.setdefault("timeline", []).append(timeline.take())
             return int(res.df["sampled_tokens"].sum())
         return C.Served(timed("episodes", call))
 
@@ -144,24 +196,29 @@ def main() -> None:
     ap.add_argument("--sync-env", action="store_true", help="the environment a plain function (each step on a worker thread)")
     ap.add_argument("--gpu-lockstep-s", type=float, default=GPU_LOCKSTEP_S)
     ap.add_argument("--profile", type=int, nargs="?", const=40, default=0, help="profile one more episodes call")
+    ap.add_argument("--server-ms", type=float, default=0.0,
+                    help="the server answers each /generate this long after it came (a real server's time on a "
+                         "turn): rlgen's work done while it waits is then off the critical path, as on a GPU")
     args = ap.parse_args()
     import rlgen
 
     size = {"prompts": args.prompts, "n": args.n, "turns": args.turns, "turn_tokens": args.turn_tokens}
     record = C.Record(args.out, args, "bench/episodes_client.py")
     model = C.model_path(args.model)
-    proc, url = start_server(model)
+    proc, url = start_server(model, args.server_ms / 1000)
     try:
         eng = rlgen.Engine.connect(url, progress=False)
         chats = E.chats(size["prompts"])
         wl = C.Workload("episodes", [[0]] * size["prompts"], n=size["n"], options={})
         clock, gc_runs = GcClock(), {}
-        timed = methods(eng, chats, size, clock, gc_runs, sync_env=args.sync_env)
+        timed = methods(eng, chats, size, clock, gc_runs, sync_env=args.sync_env, timeline=Timeline())
         results = C.run_interleaved(timed, wl, repeats=C.repeats_of(args))
         for name, result in results.items():  # the warm-up's GC entry comes first
             for run, collected in zip(result["runs"], gc_runs.get(name, [])[1:]):
                 run["gc"] = collected
-        record.data.update(sizes=size, results=results)
+        for run, line in zip(results["episodes"]["runs"], gc_runs.get("timeline", [])[1:]):
+            run["timeline"] = line
+        record.data.update(sizes=size, results=results, server_ms=args.server_ms)
         report(record, args.gpu_lockstep_s)
         record.save(complete=True)
         if args.profile:
@@ -185,6 +242,16 @@ def report(record: C.Record, gpu_lockstep_s: float) -> None:
     C.print_table("wall ms per call against an instant server (medians; 90% bootstrap interval); gc ms: the cyclic "
                   "GC's collections in the call (median); full: generation-2 collections over all runs",
                   ["method", "runs", "ms", "interval", "gc ms", "full"], rows)
+    lines = [r["timeline"] for r in results["episodes"]["runs"] if r.get("timeline")]
+    if lines:
+        parts = {"before_first_ms": [x["before_first_ms"] for x in lines],
+                 "between_ms": [b for x in lines for b in x["between_ms"]],
+                 "after_last_ms": [x["after_last_ms"] for x in lines]}
+        record["timeline"] = {k: {"median": statistics.median(v), "interval": C.bootstrap_median(v)}
+                              for k, v in parts.items() if v}
+        print("\n  an episodes call's client time on the critical path (ms, medians [90% interval]): " + "; ".join(
+            f"{k} {v['median']:.1f}" + (f" [{v['interval'][0]:.1f}-{v['interval'][1]:.1f}]" if v["interval"] else "")
+            for k, v in record["timeline"].items()), flush=True)
     diff = C.compare_difference(results, "episodes", ["lockstep"])
     iv = diff["interval"] or (diff["difference"], diff["difference"])
     share = diff["difference"] / gpu_lockstep_s

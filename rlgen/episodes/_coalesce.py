@@ -43,7 +43,7 @@ __all__ = ["TurnBatcher"]
 @dataclass
 class _Pending:
     items: list[tuple[list[int], Mapping[str, Any], str, asyncio.Future[Any]]] = field(default_factory=list)
-    joined: asyncio.Event = field(default_factory=asyncio.Event)
+    last_joined: float = 0.0  # the loop's time when the last request joined
     later: list[Callable[[], None]] = field(default_factory=list)  # each requester's `once_sent`
     launched: bool = False
 
@@ -71,16 +71,17 @@ class TurnBatcher:
         """This request's answer; `sampling` is sent as it is (not copied): leave it unchanged.
         `once_sent()` runs once the batch has been handed to the client (or was given up before
         it was), before the answer comes: work that the request does not need. It must not raise."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         pending = self._pending
         if pending is None:
             pending = self._pending = _Pending()
             self._track(self._send_when_ready(pending))
         pending.items.append((ids, sampling, rid, future))
+        pending.last_joined = loop.time()
         if once_sent is not None:
             pending.later.append(once_sent)
         self._close_if_complete(pending)
-        pending.joined.set()
         return await future
 
     def _track(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -96,7 +97,6 @@ class TurnBatcher:
             pending = self._pending
             if pending is not None:
                 self._close_if_complete(pending)
-                pending.joined.set()
 
     def _close_if_complete(self, pending: _Pending) -> None:
         """Close `pending` (its waiting task then sends it at once) when it is full, or when every
@@ -115,18 +115,15 @@ class TurnBatcher:
 
     async def _send_when_ready(self, pending: _Pending) -> None:
         """Send `pending` once nothing has joined it for `linger_s`, or once it has lasted
-        `max_wait_s`, unless it was complete (and sent) before."""
+        `max_wait_s`, unless it was complete (and sent) before. It sleeps to the next of those
+        times and looks again (a request that joins only notes the time: hundreds join a batch)."""
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        deadline = loop.time() + self.max_wait_s
         while self._pending is pending:
-            pending.joined.clear()
-            left = self.max_wait_s - (loop.time() - started)
-            if left <= 0:
+            wait = min(pending.last_joined + self.linger_s, deadline) - loop.time()
+            if wait <= 0:
                 break
-            try:
-                await asyncio.wait_for(pending.joined.wait(), timeout=min(self.linger_s, left))
-            except asyncio.TimeoutError:
-                break  # nothing joined for linger_s
+            await asyncio.sleep(wait)
         self._launch(pending)
 
     @staticmethod

@@ -90,6 +90,20 @@ def _plain(value: Any) -> bool:
     return kind in _SCALARS
 
 
+def _turns_safe(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An episode's turns, JSON-safe (`_json_safe`): an assistant turn's are already (its text and
+    numbers, and what the server's decoded JSON said: `settle_turn`), so only the environment's
+    replies, which hold what a user's environment and tools returned, are checked."""
+    out = turns
+    for i, turn in enumerate(turns):
+        if turn.get("role") != "assistant":
+            safe = _json_safe(turn)
+            if safe is not turn:
+                out = list(turns) if out is turns else out
+                out[i] = safe
+    return out
+
+
 def _flat(records: Sequence[EpisodeRecord], field: str, dtype: Any, count: int) -> np.ndarray:
     """One record field's lists (ids, logprobs, ...), end to end, as one array."""
     return np.fromiter(chain.from_iterable(getattr(r, field) for r in records), dtype=dtype, count=count)
@@ -161,7 +175,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     for name, values in data_columns([r.data for r in records]).items():
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
-    meta = [{"turns": _json_safe(r.turns), "traceback": r.traceback, "tools": schemas,
+    meta = [{"turns": _turns_safe(r.turns), "traceback": r.traceback, "tools": schemas,
              **({ENV_KEY: r.env} if framework or r.env is not None else {})} for r in records]
     return Episodes(**FlatRollouts(
         df=df, prompt_ids=ids[~response], prompt_offsets=row_offsets(p_len),

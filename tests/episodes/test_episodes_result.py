@@ -237,6 +237,17 @@ def test_plain_turns_and_messages_are_kept_and_anything_else_is_stored_as_json_w
         _json_safe(cyclic)
 
 
+def test_an_episodes_turns_keep_the_assistant_turns_and_make_the_environments_replies_json_safe() -> None:
+    from rlgen.episodes._episodes import _turns_safe
+
+    plain = [{"role": "assistant", "text": "hi", "tokens": 2}, {"role": "env", "info": {"n": 1}, "calls": []}]
+    assert _turns_safe(plain) is plain  # not copied
+    odd = [plain[0], {"role": "env", "info": {"seen": (1, 2)}, "reward": Exception("r")}]
+    safe = _turns_safe(odd)
+    assert safe[0] is plain[0] and safe[1] == {"role": "env", "info": {"seen": [1, 2]}, "reward": "Exception('r')"}
+    assert odd[1]["info"] == {"seen": (1, 2)}  # the runner's own records are left as they were
+
+
 def test_a_record_refuses_logprobs_that_do_not_match_its_ids() -> None:
     from rlgen.episodes import EpisodeRecord
 
