@@ -10,8 +10,9 @@ sent, or have left), when no request has joined it for `linger_s`, when it has l
 sampling-parameters object are sent with it once (SGLang applies a single dict to every prompt
 of a batch), not as a list of copies. A `read` hook, when given, turns the batch's answers into
 what each waiter gets, in one call (the episodes decode every turn's text at once there). A
-requester may hand over work for later (`once_sent`): it runs once the batch's request has been
-handed to the client (its first step, which writes it, has run), while the server works on it.
+requester may hand over work for later (`once_sent`): it runs once the batch's request has left
+(its body written: aiohttp writes it from a task of its own), while the server works on it, in
+chunks that let an answer through.
 
 Why: every request costs its HTTP round trip and the server's per-request handling, so SGLang
 serves one batched request of many prompts much faster than as many requests of one prompt each.
@@ -38,6 +39,10 @@ from ..client._http import Client
 from ..core._errors import RequestError
 
 __all__ = ["TurnBatcher"]
+
+# How many pieces of work handed over for later run between two turns of the loop (each a turn's
+# bookkeeping, some tens of microseconds): an answer or a request body waits for one chunk at most.
+_LATER_CHUNK = 32
 
 
 @dataclass
@@ -69,8 +74,9 @@ class TurnBatcher:
     async def generate(self, ids: list[int], sampling: Mapping[str, Any], rid: str, *,
                        once_sent: Callable[[], None] | None = None) -> Any:
         """This request's answer; `sampling` is sent as it is (not copied): leave it unchanged.
-        `once_sent()` runs once the batch has been handed to the client (or was given up before
-        it was), before the answer comes: work that the request does not need. It must not raise."""
+        `once_sent()` runs once the batch's request has left (or the batch was given up before it
+        was sent), while its answer is awaited: work that the request does not need. It must not
+        raise."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         pending = self._pending
@@ -127,15 +133,21 @@ class TurnBatcher:
         self._launch(pending)
 
     @staticmethod
-    def _run_later(pending: _Pending) -> None:
+    async def _run_later(pending: _Pending) -> None:
+        """The work handed over for later, run in chunks with a turn of the loop before each: the
+        request's first step (queued before this task) makes the task that writes its body, and
+        that one, queued before this task's second step, goes out before any of this work runs;
+        an answer that comes meanwhile waits for one chunk at most."""
         later, pending.later = pending.later, []
-        for work in later:
-            work()
+        for start in range(0, len(later), _LATER_CHUNK):
+            await asyncio.sleep(0)
+            for work in later[start:start + _LATER_CHUNK]:
+                work()
 
     async def _send(self, pending: _Pending) -> None:
         items = [item for item in pending.items if not item[3].done()]  # a cancelled waiter sends nothing
         if not items:
-            self._run_later(pending)
+            await self._run_later(pending)
             return
         self.batches.append(len(items))
         shared = items[0][1]
@@ -143,10 +155,9 @@ class TurnBatcher:
         payload = {"input_ids": [ids for ids, _, _, _ in items], "sampling_params": params,
                    "return_logprob": True, "rid": [rid for _, _, rid, _ in items]}
         self._sent += len(items)
-        # The request's first step (which writes it) and then the work handed over for later: both
-        # queued on the loop now, in that order.
         request = asyncio.ensure_future(self.client.generate(payload))
-        asyncio.get_running_loop().call_soon(self._run_later, pending)
+        if pending.later:  # after the request has left (see `_run_later`)
+            self._track(self._run_later(pending))
         try:
             try:
                 answer = await request

@@ -159,3 +159,58 @@ def test_work_handed_over_runs_even_when_every_waiter_gave_up() -> None:
 
     asyncio.run(main())
     assert ran == [1]
+
+
+@pytest.mark.timeout(60)
+def test_work_handed_over_waits_until_the_request_body_has_reached_the_server() -> None:
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rlgen.client._http import Client as HttpClient
+
+    seen: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # a kept-alive connection, as SGLang's
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(time.perf_counter())
+            answer = json.dumps([{"output_ids": [1], "meta_info": {"id": rid}} for rid in body["rid"]]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def busy() -> None:  # a turn's bookkeeping, made long
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.05:
+            pass
+
+    async def main() -> list[float]:
+        client = HttpClient(f"http://127.0.0.1:{server.server_address[1]}")
+        lags = []
+        try:
+            for _ in range(3):  # the first opens the connection
+                batcher = TurnBatcher(client, max_batch=4, members=4)  # type: ignore[arg-type]
+                t0 = time.perf_counter()
+                await asyncio.gather(*(batcher.generate([i] * 2000, {}, str(i), once_sent=busy) for i in range(4)))
+                lags.append(seen[-1] - t0)
+        finally:
+            await client.aclose()
+        return lags
+
+    try:
+        lags = asyncio.run(main())
+    finally:
+        server.shutdown()
+    assert min(lags[1:]) < 0.1, f"the server saw the request {lags} s after it was sent: after the 0.2 s of work"
