@@ -18,9 +18,12 @@ options of rlgen's: each swaps a function the runner calls, only while it runs):
 
 Reported: each method's median ms with its 90% bootstrap interval, episodes - lockstep, and what
 each experiment saves (episodes - experiment). The numbers are this machine's: compare within a run.
+`--server-ms`: each answer handed back that long after its request (a server's time on a turn), so
+that what rlgen does while a server works is off the critical path and out of the difference.
 
     python bench/episodes_inprocess.py --out /tmp/inprocess.json
     python bench/episodes_inprocess.py --out /tmp/inprocess.json --repeats 15
+    python bench/episodes_inprocess.py --out /tmp/inprocess.json --server-ms 100
 """
 
 from __future__ import annotations

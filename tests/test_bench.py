@@ -408,15 +408,21 @@ def test_the_episodes_client_bench_runs_against_its_instant_server(model_path: s
     script = Path(__file__).resolve().parents[1] / "bench" / "episodes_client.py"
     out = tmp_path / "client.json"
     done = subprocess.run([sys.executable, str(script), "--prompts", "2", "--n", "2", "--turns", "2", "--turn-tokens", "4",
-                           "--repeats", "3", "--model", model_path, "--out", str(out)],
+                           "--repeats", "3", "--model", model_path, "--out", str(out), "--server-ms", "50"],
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
     for method in ("episodes", "lockstep"):  # 4 episodes x 2 turns x 4 tokens, every run, GC recorded
         runs = data["results"][method]["runs"]
         assert len(runs) == 3 and all(r["tokens"] == 32 and "gc" in r for r in runs)
+        assert all(r["seconds"] >= 0.1 for r in runs)  # two requests, each answered after 50 ms
     assert data["complete"] and data["summary"]["difference_s"] is not None
     assert "episodes - lockstep" in done.stdout
+    for run in data["results"]["episodes"]["runs"]:  # each call's timeline: two requests, one gap between
+        line = run["timeline"]
+        assert line["requests"] == 2 and len(line["between_ms"]) == 1
+        assert 0 <= line["between_ms"][0] < 50 and line["before_first_ms"] > 0 and line["after_last_ms"] > 0
+    assert set(data["timeline"]) == {"before_first_ms", "between_ms", "after_last_ms"}
 
 
 @pytest.mark.timeout(60)
