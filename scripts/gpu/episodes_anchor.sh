@@ -8,7 +8,8 @@
 #                                               # --shape llama-1.7b, ~20 s on the GPU), 5 repeats (~6-8 min fresh)
 #   bash scripts/gpu/episodes_anchor.sh sync    # 135M with the environment a plain function (a worker thread per step)
 #   bash scripts/gpu/episodes_anchor.sh client  # bench/episodes_client.py: the same call against an instant
-#                                               # server (no GPU): what rlgen adds, on this machine's CPU (~1 min)
+#                                               # server (no GPU): what rlgen adds, on this machine's CPU, answered
+#                                               # at once and after 400 ms (its critical path only) (~2-3 min)
 # Each part writes its JSON and text straight to $OUT, so a call cut by its time limit keeps what it had.
 # Extra arguments for bench/episodes.py (later ones win): e.g. a dry run of this script on a CPU
 # machine, RLGEN_EPISODES_ARGS="--backend cpu --quick --repeats 2" (with OUT and RLGEN_TEST_MODEL set;
@@ -33,12 +34,13 @@ case "$PART" in
   small) anchor 0.135b "$RLGEN_TEST_MODEL" 540 7 ;;
   sync) anchor 0.135b-sync "$RLGEN_TEST_MODEL" 450 7 --sync-env ;;
   client)
-    for env in async sync; do
+    for env in async sync server400; do
       flag=(); [ "$env" = sync ] && flag=(--sync-env)
+      [ "$env" = server400 ] && flag=(--server-ms 400 --repeats 9)  # rlgen's time on the critical path only
       t0=$SECONDS
       timeout 200 python3 bench/episodes_client.py --model "$RLGEN_TEST_MODEL" --out "$OUT/episodes_client-$env.json" \
         "${flag[@]}" > "$OUT/episodes_client-$env.txt" 2>&1
-      echo "client $env: exit $? in $((SECONDS - t0)) s"; tail -7 "$OUT/episodes_client-$env.txt"
+      echo "client $env: exit $? in $((SECONDS - t0)) s"; tail -9 "$OUT/episodes_client-$env.txt"
     done ;;
   large)
     model=${RLGEN_ANCHOR_LARGE_MODEL:-/tmp/ckpt/llama-1.7b}
