@@ -105,14 +105,15 @@ class TurnBatcher:
                 self._close_if_complete(pending)
 
     def _close_if_complete(self, pending: _Pending) -> None:
-        """Close `pending` (its waiting task then sends it at once) when it is full, or when every
-        member that can still join has: the others wait for answers of batches already sent."""
+        """Send `pending` now (`_launch`) when it is full, or when every member that can still join
+        has: the others wait for answers of batches already sent."""
         n = len(pending.items)
         if n >= self.max_batch or (self.members is not None and n + self._sent >= self.members):
             self._launch(pending)
 
     def _launch(self, pending: _Pending) -> None:
-        """Close `pending` and send it now (its lingering task, woken, then finds nothing to do)."""
+        """Close `pending` and send it now, once (its lingering task, at its next look, then finds
+        nothing to do)."""
         if self._pending is pending:
             self._pending = None
         if not pending.launched:

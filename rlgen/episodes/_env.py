@@ -151,10 +151,9 @@ async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: f
     and normalise what it returns; an exception is "env_error" (with the traceback), outliving
     `timeout` is "env_timeout" (the call is then given up, not waited for)."""
     ran = await run_contained(fn, args, timeout=timeout)
-    if ran.timed_out or ran.error is not None:  # the message made only for a failure
-        failed = failure_reply(ran, timed_out=f"{what} did not finish within {timeout:g} s (env_timeout=)")
-        if failed is not None:
-            return failed
+    failed = failure_reply(ran, timed_out=f"{what} did not finish within {timeout:g} s (env_timeout=)")
+    if failed is not None:
+        return failed
     reply = normalise_return(ran.value, what=what)
     reply.seconds = ran.seconds
     return reply

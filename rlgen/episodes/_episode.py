@@ -445,7 +445,7 @@ class Episode:
                 said.tokens = len(last.delta)
             turns.append(said)
         got.turn.rlgen_s = last.own + got.own_s + time.perf_counter() - t
-        self.record.turns.extend(t.as_dict() for t in turns)
+        self.record.turns.extend(turn.as_dict() for turn in turns)
 
     def settle_quietly(self) -> None:
         """`settle`, keeping what it raises for the next `settle` (run from the batch that sent this

@@ -86,8 +86,9 @@ class EpisodeRecord:
         Raises:
             ValueError: `logprobs` of another length than `ids`.
         """
-        self.ids.extend(ids)
+        # labelled first: `label` checks before it appends, so a refused call appends nothing
         self.label(len(ids), role=role, turn=turn, mask=mask, logprobs=logprobs)
+        self.ids.extend(ids)
 
     def label(self, n: int, *, role: str, turn: int, mask: int = 0, logprobs: Sequence[float] | None = None) -> None:
         """The per-token labels of `n` ids already appended to `ids` (`extend` is both): the runner

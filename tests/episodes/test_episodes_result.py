@@ -254,3 +254,4 @@ def test_a_record_refuses_logprobs_that_do_not_match_its_ids() -> None:
     r = EpisodeRecord(0, 0)
     with pytest.raises(ValueError, match="1 logprobs for 2 ids"):
         r.extend([5, 6], role="assistant", turn=0, mask=1, logprobs=[-0.1])
+    assert r.ids == [] and r.loss_mask == []  # refused whole: nothing appended
