@@ -147,6 +147,18 @@ def model_path(arg: str | None) -> str:
     return str(default_model_path())
 
 
+def read_saved(saved: str | Path) -> str:
+    """A saved run's JSON text; `*.json.xz` and `*.json.gz` (large runs kept compressed under docs/gpu/) too."""
+    path = Path(saved)
+    if path.suffix == ".xz":
+        import lzma
+        return lzma.decompress(path.read_bytes()).decode()
+    if path.suffix == ".gz":
+        import gzip
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
 class Record:
     """The JSON written to `--out`: environment, arguments, then whatever each phase adds.
 
@@ -163,7 +175,7 @@ class Record:
         """A saved run, to be reported again and written to `out` (`saved` itself is left alone)."""
         self = cls.__new__(cls)
         self.path = Path(out)
-        self.data = json.loads(Path(saved).read_text())
+        self.data = json.loads(read_saved(saved))
         self.data["reported_again_from"] = saved
         self.data["reported_again_environment"] = environment()  # the report's own commit and command
         return self

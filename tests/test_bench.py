@@ -144,6 +144,18 @@ def test_compare_pools_their_runs_and_reads_the_extra_time_outside_the_server() 
     assert C.compare({"ours": runs((1.0, 0.1))}, "ours", ["a"])["interval"] is None
 
 
+def test_a_saved_run_kept_compressed_reads_as_the_plain_json(tmp_path: Path) -> None:
+    import gzip
+    import lzma
+
+    saved = Path(__file__).resolve().parents[1] / "docs/gpu/2026-12-01g/scale_out.json"
+    (tmp_path / "s.json.xz").write_bytes(lzma.compress(saved.read_bytes()))
+    (tmp_path / "s.json.gz").write_bytes(gzip.compress(saved.read_bytes()))
+    for name in ("s.json.xz", "s.json.gz"):
+        record = C.Record.load(str(tmp_path / name), out=str(tmp_path / "again.json"))
+        assert record["methods"] == C.Record.load(str(saved), out=str(tmp_path / "x.json"))["methods"]
+
+
 def test_the_scale_out_report_judges_the_two_gpu_target_only_with_two_gpus(tmp_path: Path, capsys) -> None:
     import json
 
