@@ -1,5 +1,6 @@
-"""One row of the size table (docs/benchmarks.md, "Model sizes"): what an RL iteration's server-side steps cost
-at one model size, on one Engine started with rlgen's defaults beside a trainer holding the same model.
+"""One row of the size table (docs/archive/benchmarks-rounds-2026-12.md, "Model sizes"): what an RL
+iteration's server-side steps cost at one model size, on one Engine started with rlgen's defaults beside a trainer
+holding the same model.
 
 Not a test. For the model given (`--model`, e.g. a random-weight checkpoint from bench/make_checkpoint.py),
 the trainer's copy (bf16, on the GPU) is loaded first, then one Engine with rlgen's defaults plus the memory

@@ -246,7 +246,7 @@ def test_after_a_real_jupyter_kernel_restart_the_new_kernel_reattaches_and_gener
         assert (pid2, reattached2, tokens2.strip()) == (pid, "True", "[2]")
         # What rlgen adds to reattach: finding the kept server, attaching, connecting. A fresh
         # kernel also imports transformers and loads the tokenizer (seconds on a small CPU
-        # machine; docs/benchmarks.md, "Reattach"), which any Engine start pays.
+        # machine; docs/archive/benchmarks-rounds-2026-12.md, "Reattach"), which any Engine start pays.
         assert float(server_s) < 2.0, f"reattaching took {server_s} s"
         print(f"{BACKEND}, fresh kernel: reattach {server_s} s, tokenizer {tokenizer_s} s, Engine() {total_s} s")
         kernel.run("eng.close(stop=True)", timeout=cell_timeout)

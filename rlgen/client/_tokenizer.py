@@ -9,7 +9,7 @@ Why: `AutoTokenizer` lives in `transformers.models.auto`, whose imports pull in 
 `torch._dynamo`, FSDP and sklearn: seconds in a fresh process. Even the class it returns is not
 enough to avoid them: `PreTrainedTokenizerFast.from_pretrained` imported torch on transformers
 5.17 (not on 5.24), while `tokenizers` alone reads a tokenizer.json in a fraction of a second.
-The timings are in docs/benchmarks.md, "Reattach".
+The timings are in docs/archive/benchmarks-rounds-2026-12.md, "Reattach".
 
 How, per local checkout (a directory):
 

@@ -11,7 +11,7 @@ when enough survive, it walks the whole heap (torch, transformers, pandas and th
 data: about 200 ms a time on a 2-core machine). Pausing it frees nothing later: reference
 counting frees everything acyclic at once, and what cycles a stretch leaves are collected after
 it. The measurements:
-docs/benchmarks.md, "Episodes against a hand-written lockstep loop: round two".
+docs/archive/benchmarks-rounds-2026-12.md, "Episodes against a hand-written lockstep loop: round two".
 """
 
 from __future__ import annotations

@@ -381,8 +381,9 @@ class EpisodeOptions(SamplingOptions, total=False):
         None, "a progress line: True, False, None = the Engine's setting", _optional_flag)]
     max_in_flight: Annotated[int, Option(256, "the most turns in flight at once (server-side requests)", _count(1))]
     batch_turns: Annotated[bool, Option(
-        True, "send the turns that are ready together as one batched /generate (docs/benchmarks.md, "
-        "'Multi-turn episodes'); False: one request per turn, each answered as soon as its sample finishes", _flag)]
+        True, "send the turns that are ready together as one batched /generate "
+        "(docs/archive/benchmarks-rounds-2026-12.md, 'Multi-turn episodes (H200, 2026-12-02, issue 25)', run 7); "
+        "False: one request per turn, each answered as soon as its sample finishes", _flag)]
 
 
 # SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates

@@ -4,10 +4,10 @@ Owns: a process-wide set of daemon worker threads that take calls from one queue
 a worker that is idle, or to a new one when none is: so a call that hangs (it cannot be stopped:
 Python cannot kill a thread) keeps its worker and never delays another call, and the calls of
 hundreds of episodes' steps reuse a few threads instead of starting one each (starting a thread
-cost about 100 us of the event loop's time per call: docs/benchmarks.md, "Episodes against a
-hand-written lockstep loop: round two"). A worker idle for `IDLE_S` exits. How many calls run at once is
-the caller's bound (`_tools.MAX_THREADS`). Knows nothing about event loops, timeouts or what the
-calls are: it runs a function and hands its outcome to a callback, on the worker's thread.
+cost about 100 us of the event loop's time per call: docs/archive/benchmarks-rounds-2026-12.md,
+"Episodes against a hand-written lockstep loop: round two"). A worker idle for `IDLE_S` exits.
+How many calls run at once is the caller's bound (`_tools.MAX_THREADS`). Knows nothing about event loops,
+timeouts or what the calls are: it runs a function and hands its outcome to a callback, on the worker's thread.
 """
 
 from __future__ import annotations

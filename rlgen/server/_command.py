@@ -42,8 +42,8 @@ SGLANG_ARGS_ENV = "RLGEN_SGLANG_ARGS"
 def memory_fraction(model_path: str, *, gpu_total_mib: int | None, tp_size: int = 1) -> float:
     """rlgen's default share of the GPU for a server of this model: DEFAULT_GPU_MEMORY_FRACTION for the
     KV cache and activations, plus the share the weights take (per GPU: tp_size splits them), so that
-    a large model's weights do not come out of the cache a small one gets (docs/benchmarks.md, "Model
-    sizes"). The default alone where the GPU's size or
+    a large model's weights do not come out of the cache a small one gets (docs/archive/benchmarks-rounds-2026-12.md,
+    "Model sizes"). The default alone where the GPU's size or
     the weights' (safetensors or .bin files in the checkout) are unknown; at most 0.9."""
     root = Path(model_path)
     files = list(root.glob("*.safetensors")) or list(root.glob("*.bin")) if root.is_dir() else []
