@@ -30,7 +30,7 @@ from typing import Any
 
 from ..core._options import check_seconds
 from ..episodes._env import Environment, EnvReply, EpisodeEnv, failure_reply, normalise_return
-from ..episodes._tools import Ran, run_contained
+from ..episodes._tools import Ran, run_contained, within
 
 __all__ = ["from_skyrl", "looks_like_skyrl"]
 
@@ -48,7 +48,7 @@ class _SkyRLEpisode(EpisodeEnv):
 
     def _failed(self, ran: Ran, what: str) -> EnvReply | None:
         return failure_reply(ran, note=f" ({what})",
-                             timed_out=f"{what} did not finish within {self.timeout:g} s (env_timeout=)")
+                             timed_out=f"{what} did not finish {within(self.timeout)} (env_timeout=)")
 
     async def reset(self, data: Any, prompt: Sequence[Mapping[str, Any]] | None = None) -> EnvReply:
         extras = dict(data) if isinstance(data, Mapping) else {}

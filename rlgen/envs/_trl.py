@@ -41,7 +41,7 @@ from typing import Any
 from ..core._options import check_seconds
 from ..episodes._env import Environment, EnvReply, ToolEnv, failure_reply
 from ..episodes._tool_calls import ToolCall, ToolCallParser
-from ..episodes._tools import ToolResult, run_contained, tools_from
+from ..episodes._tools import ToolResult, run_contained, tools_from, within
 
 __all__ = ["from_trl", "looks_like_trl"]
 
@@ -78,7 +78,7 @@ class _TRLEpisode(ToolEnv):
         row.setdefault("prompt", [dict(m) for m in chat])  # its own copy: the chat is rebuilt below
         what = f"{type(self.obj).__name__}.reset"
         ran = await run_contained(lambda: _text_or_none(self.obj.reset(**row), what), timeout=self.timeout)
-        failed = failure_reply(ran, timed_out=f"{what} did not finish within {self.timeout:g} s (timeout=)")
+        failed = failure_reply(ran, timed_out=f"{what} did not finish {within(self.timeout)} (timeout=)")
         if failed is not None:
             return failed
         if ran.value is not None and chat:
@@ -206,7 +206,7 @@ class _TRLRow(_TRLEpisode):
         make = self.factories[key]
         what = f"environment_factory[{key!r}]" if routed else _name(make)
         ran = await run_contained(make, timeout=self.timeout)
-        failed = failure_reply(ran, timed_out=f"{what}() did not finish within {self.timeout:g} s",
+        failed = failure_reply(ran, timed_out=f"{what}() did not finish {within(self.timeout)}",
                                note=f" (making the episode's environment, {what}())")
         if failed is not None:
             return failed

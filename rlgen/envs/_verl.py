@@ -54,7 +54,7 @@ from typing import Any
 from ..core._options import check_seconds
 from ..episodes._env import Environment, EnvReply, ToolEnv
 from ..episodes._tool_calls import ParsedTurn, ToolCall, ToolCallParser
-from ..episodes._tools import Tool, ToolResult, run_contained
+from ..episodes._tools import Tool, ToolResult, run_contained, within
 
 __all__ = ["from_verl", "looks_like_verl"]
 
@@ -180,7 +180,7 @@ class _VerlEpisode(ToolEnv):
             what, run = type(tool).__name__, _lifecycle(tool, call.name, arguments, self.obj, where)
         ran = await run_contained(run, timeout=self.timeout)
         if ran.timed_out:
-            error = TimeoutError(f"{what}.{where[0]} did not finish within {self.timeout:g} s (timeout=)")
+            error = TimeoutError(f"{what}.{where[0]} did not finish {within(self.timeout)} (timeout=)")
             return ToolResult("tool_timeout", value=error, error=f"TimeoutError: {error}", seconds=ran.seconds)
         if ran.error is not None:
             return ToolResult("tool_error", value=ran.error, error=f"{ran.error_text} (in {what}.{where[0]})",

@@ -45,7 +45,7 @@ from typing import Any
 
 from ..core._options import check_seconds
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, outside_think, parse_tool_calls, parse_with_server
-from ._tools import Ran, Tool, ToolResult, acall_tool, run_contained, tools_from
+from ._tools import Ran, Tool, ToolResult, acall_tool, run_contained, tools_from, within
 
 __all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "failure_reply", "tool_env"]
 
@@ -151,7 +151,7 @@ async def call_contained(fn: Callable[..., Any], args: Sequence[Any], timeout: f
     and normalise what it returns; an exception is "env_error" (with the traceback), outliving
     `timeout` is "env_timeout" (the call is then given up, not waited for)."""
     ran = await run_contained(fn, args, timeout=timeout)
-    failed = failure_reply(ran, timed_out=f"{what} did not finish within {timeout:g} s (env_timeout=)")
+    failed = failure_reply(ran, timed_out=f"{what} did not finish {within(timeout)} (env_timeout=)")
     if failed is not None:
         return failed
     reply = normalise_return(ran.value, what=what)
@@ -400,7 +400,7 @@ class Environment:
         ran = await run_contained(self.make, timeout=self.timeout)
         failed = failure_reply(ran, note=" (making the episode's environment)",
                                timed_out=f"making the episode's environment ({_name(self.make)}) did not finish "
-                                         f"within {self.timeout:g} s (env_timeout=)")
+                                         f"{within(self.timeout)} (env_timeout=)")
         if failed is not None:
             return failed
         obj = ran.value

@@ -67,7 +67,7 @@ from ..rewards._exec import Call, run_calls
 from ._workers import run_in_worker
 
 __all__ = ["MAX_THREADS", "Ran", "Tool", "ToolResult", "ToolStatus", "acall_tool", "call_tool", "run_contained",
-           "tool_schema", "tools_from"]
+           "tool_schema", "tools_from", "within"]
 
 ToolStatus = Literal["ok", "tool_error", "tool_timeout", "bad_arguments", "not_serialisable"]
 
@@ -359,7 +359,7 @@ async def acall_tool(tool: Tool | Callable[..., Any], arguments: Any, *, timeout
     if ran.timed_out:
         how = "a thread cannot be stopped: the call goes on until it returns" if ran.in_thread else \
             "the coroutine was cancelled"
-        return ToolResult("tool_timeout", error=f"TimeoutError: did not finish within {timeout:g} s; {how}",
+        return ToolResult("tool_timeout", error=f"TimeoutError: did not finish {within(timeout)}; {how}",
                           seconds=ran.seconds)
     if ran.error is not None:
         return ToolResult("tool_error", error=ran.error_text, traceback=ran.traceback, seconds=ran.seconds)
@@ -402,6 +402,14 @@ def _serialised(value: Any, seconds: float) -> ToolResult:
 
 # ---------------------------------------------------------------------------------------------
 # Contained calls on an event loop (tools here, the environment's steps in `_env`)
+
+
+def within(timeout: float | None) -> str:
+    """A timeout as every message of a contained call words it: "within 2 s", or "with no time
+    limit" for None (such a call never times out; a sentence made before the call's outcome is
+    known must still take None: the episodes' `env_timeout=None`)."""
+    return "with no time limit" if timeout is None else f"within {timeout:g} s"
+
 
 # Plain functions running at once per event loop, each in a daemon thread of its own; more wait for
 # a slot (before their timeout starts). A call given up at its timeout frees its slot though its
