@@ -151,7 +151,7 @@ def test_an_answers_logprobs_read_one_float_per_sampled_id_whatever_the_entries(
 
 
 def test_request_ids_are_unique_and_name_this_process() -> None:
-    from rlgen.client._generate import new_rid
+    from rlgen.client._sender import new_rid
 
     rids = [new_rid() for _ in range(1000)]
     assert len(set(rids)) == 1000 and all(r.startswith("rlgen-") for r in rids)

@@ -5,7 +5,9 @@ in flight (so huge inputs stream through with bounded memory), reporting progres
 request, giving every sample an `rid`, streaming (time to first token, inter-token latencies), and
 what happens on Ctrl-C or a failing request: the in-flight rids are aborted on the server, and the
 samples that did finish are kept. Behind a router (a client with `one_prompt_per_request`), the
-same with one request per prompt. Knows nothing about processes or about the result's tensors.
+same with one request per prompt. Request bodies, rids, the rids in flight and their abort are the
+one sender's (`_sender`), shared with the episodes. Knows nothing about processes or about the
+result's tensors.
 
 Runs on rlgen's background loop (`rlgen.core._loop`).
 """
@@ -15,17 +17,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core._errors import RequestError, ServerRequestError
 from ._answer import completion_tokens, read_answer, seeded_sampling
 from ._http import Client
+from ._sender import Sender, gather_or_abort, generate_body, new_rid
 
-__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "abort_quietly", "chunks_to_fill", "gather_or_abort",
-           "new_rid", "request_size", "run_generate"]
+__all__ = ["FALLBACK_IN_FLIGHT", "REQUESTS_PER_CALL", "GenerateJob", "chunks_to_fill", "request_size", "run_generate"]
 
 
 @dataclass
@@ -99,40 +100,19 @@ async def run_generate(client: Client, job: GenerateJob, *,
     spans, limit = (_single_spans(job) if single else
                     ([(a * job.n, min(a + job.chunk_size, len(job.prompt_ids)) * job.n)
                       for a in range(0, len(job.prompt_ids), job.chunk_size)], job.max_in_flight))
-    in_flight: dict[str, None] = {}  # rids sent and not yet answered (ordered set)
+    sender = Sender(client, batch=False)  # its rids in flight: what step 3 aborts
     limiter = asyncio.Semaphore(limit)
 
     async def one_request(first: int, stop: int) -> None:
         async with limiter:
             payload, rids = _single_payload(job, first, stop) if single else _payload(job, first // job.n, stop // job.n)
-            in_flight.update(dict.fromkeys(rids))
-            cancelled = False
             try:
                 if job.stream:
-                    await _send_streamed(client, job, payload, first, stop - first)
+                    with sender.tracked(rids):
+                        await _send_streamed(client, job, payload, first, stop - first)
                 else:
-                    sender = client
-                    for attempt in itertools.count():
-                        try:
-                            entries = await sender.generate(payload)
-                            break
-                        except RequestError as err:
-                            if not (single and await _may_resend(client, err, attempt)):
-                                raise
-                        # Its worker died and the router's retries did not save it: send it again
-                        # (a new rid), after a pause, straight to a live worker (the router may still
-                        # pick the dead one until its health check drops it).
-                        await asyncio.sleep(getattr(client, "resend_backoff_s", 1.0) * attempt)
-                        live_worker = getattr(client, "live_worker", None)
-                        sender = (live_worker() if live_worker is not None else None) or client
-                        for rid in rids:
-                            in_flight.pop(rid, None)
-                        payload, rids = _single_payload(job, first, stop)
-                        in_flight.update(dict.fromkeys(rids))
+                    entries = await _send_resending(client, sender, job, payload, rids, first, stop, single)
                     _store(job, first, stop, entries if isinstance(entries, list) else [entries])
-            except asyncio.CancelledError:
-                cancelled = True  # still running on the server: keep its rids for step 3 to abort
-                raise
             except ServerRequestError as err:
                 raise ServerRequestError(
                     f"{_prompts(job, first, stop)}: {err}{_dead_note(client)}", status=err.status, body=err.body,
@@ -142,10 +122,6 @@ async def run_generate(client: Client, job: GenerateJob, *,
                 if err.prompt_index is None:
                     err.prompt_index = first // job.n
                 raise
-            finally:
-                if not cancelled:  # answered (or failed): nothing of this request is left to abort
-                    for rid in rids:
-                        in_flight.pop(rid, None)
             if on_progress is not None:
                 on_progress(stop - first, sum(completion_tokens(e) for e in job.results[first:stop]))
 
@@ -153,11 +129,30 @@ async def run_generate(client: Client, job: GenerateJob, *,
     tasks = [asyncio.ensure_future(one_request(a, b)) for a, b in spans]
     poller = asyncio.ensure_future(_poll_loads(client, on_load)) if on_load is not None and not single else None
     try:
-        await gather_or_abort(client, tasks, in_flight)  # 3) on Ctrl-C or a failure: abort the rest
+        await gather_or_abort(client, tasks, sender.in_flight)  # 3) on Ctrl-C or a failure: abort the rest
     finally:
         if poller is not None:
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
+
+
+async def _send_resending(client: Client, sender: Sender, job: GenerateJob, payload: dict[str, Any], rids: list[str],
+                          first: int, stop: int, single: bool) -> Any:
+    """One request's entries, through `sender`. Behind a router whose worker died and whose own
+    retries did not save it, the request goes again (a new rid), after a pause, straight to a live
+    worker (the router may still pick the dead one until its health check drops it)."""
+    target = client
+    for attempt in itertools.count():
+        try:
+            return await sender.send(payload, rids, client=target)
+        except RequestError as err:
+            if not (single and await _may_resend(client, err, attempt)):
+                raise
+        await asyncio.sleep(getattr(client, "resend_backoff_s", 1.0) * attempt)
+        live_worker = getattr(client, "live_worker", None)
+        target = (live_worker() if live_worker is not None else None) or client
+        payload, rids = _single_payload(job, first, stop)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # How often a running job reads the server's load (one small GET; the line redraws at most 4x/s).
@@ -230,17 +225,6 @@ def request_size(n_prompts: int, *, most: int) -> int:
     return max(1, min(most, -(-n_prompts // REQUESTS_PER_CALL)))
 
 
-# rids are this process's random prefix and a counter: unique on a server that several processes
-# (or machines) share, and cheap enough for every turn of every episode (uuid4 per rid cost more).
-_RID_PREFIX = f"rlgen-{uuid.uuid4().hex[:16]}-"
-_rid_numbers = itertools.count()
-
-
-def new_rid() -> str:
-    """A request id for one sample: rlgen's own, so that it can abort exactly what it sent."""
-    return f"{_RID_PREFIX}{next(_rid_numbers)}"
-
-
 def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], list[str]]:
     """The /generate body for prompts [start, stop), and the rids it carries."""
     prompts = job.prompt_ids[start:stop]
@@ -253,13 +237,9 @@ def _payload(job: GenerateJob, start: int, stop: int) -> tuple[dict[str, Any], l
     sampling: Any = job.sampling
     if _seeded_copies(job):  # one seed for n copies of a prompt would draw n identical samples
         sampling = [seeded_sampling(job.sampling, j) for _ in prompts for j in range(job.n)]
-    payload: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "rid": rids}
-    for name, values in job.per_prompt.items():
-        payload[name] = [v for v in values[start:stop] for _ in range(job.n)]
-    if job.logprobs or job.top_logprobs:
-        payload["return_logprob"] = True
-        payload["top_logprobs_num"] = job.top_logprobs
-    return payload, rids
+    per_prompt = {name: [v for v in values[start:stop] for _ in range(job.n)] for name, values in job.per_prompt.items()}
+    return generate_body(ids, sampling, rids, logprobs=job.logprobs, top_logprobs=job.top_logprobs,
+                         per_prompt=per_prompt), rids
 
 
 def _single_payload(job: GenerateJob, first: int, stop: int) -> tuple[dict[str, Any], list[str]]:
@@ -272,13 +252,9 @@ def _single_payload(job: GenerateJob, first: int, stop: int) -> tuple[dict[str, 
     sampling = job.sampling
     if _seeded_copies(job):  # one sample per request: sample j gets seed + j, as in a batched request
         sampling = seeded_sampling(sampling, first % job.n)
-    payload: dict[str, Any] = {"input_ids": ids if count == 1 else [ids] * count, "sampling_params": sampling,
-                               "rid": rid}
-    for name, values in job.per_prompt.items():
-        payload[name] = values[prompt]
-    if job.logprobs or job.top_logprobs:
-        payload["return_logprob"] = True
-        payload["top_logprobs_num"] = job.top_logprobs
+    payload = generate_body(ids if count == 1 else [ids] * count, sampling, rid, logprobs=job.logprobs,
+                            top_logprobs=job.top_logprobs,
+                            per_prompt={name: values[prompt] for name, values in job.per_prompt.items()})
     return payload, [rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]
 
 
@@ -313,27 +289,3 @@ async def _send_streamed(client: Client, job: GenerateJob, payload: dict[str, An
         job.results[first + index] = chunk
         intervals = gaps.get(index)
         job.itl_s[first + index] = sum(intervals) / len(intervals) if intervals else None
-
-
-async def gather_or_abort(client: Client, tasks: Sequence[asyncio.Future[Any]], in_flight: Iterable[str]) -> None:
-    """Wait for `tasks`; on Ctrl-C or the first failure, cancel the rest and abort on the server the
-    rids still in `in_flight` (read then, so it is the live set), then re-raise."""
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await abort_quietly(client, list(in_flight))
-        raise
-
-
-async def abort_quietly(client: Client, rids: list[str]) -> None:
-    """Abort `rids` on the server, best effort (at most 10 s; a failure is swallowed): the caller is
-    already failing or giving the requests up, and a dead server must not mask the real error."""
-    if not rids:
-        return
-    try:
-        await asyncio.wait_for(client.abort(rids), timeout=10)
-    except (RequestError, asyncio.TimeoutError, OSError):
-        pass

@@ -146,7 +146,7 @@ SAMPLING_FIELDS: dict[str, Field] = {
     "skip_special_tokens": _f(True, "honoured", None, ""),
     "spaces_between_special_tokens": _f(True, "ignored", _BOOL, "decoding follows the tokenizer's own setting"),
     "no_stop_trim": _f(False, "honoured", None, ""),
-    "stream_interval": _f(None, "ignored", _INT, "every decode step streams a chunk"),
+    "stream_interval": _f(None, "honoured", None, ""),
     "logit_bias": _f(None, "refused", _DICT, "logit bias (`{}` counts as unset)"),
     "sampling_seed": _f(None, "honoured", None, ""),
     "custom_params": _f(None, "ignored", _DICT, "read only by custom logit processors, which are refused"),

@@ -62,6 +62,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    # A streamed sequence sends a chunk when its output length % stream_interval == 1 (every token
+    # at 1, the server's default), and when it finishes: SGLang's OutputStreamer rule.
+    stream_interval: int = 1
 
     @property
     def greedy(self) -> bool:

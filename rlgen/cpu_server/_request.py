@@ -350,6 +350,7 @@ def _sampling_params(raw: dict[str, Any], prompt: list[int], vocab_size: int, co
         skip_special_tokens=flag("skip_special_tokens", True),
         no_stop_trim=flag("no_stop_trim", False),
         sampling_seed=integer("sampling_seed", None),
+        stream_interval=integer("stream_interval", None) or 1,
     )
     _verify(params)
     return _fit_context(params, len(prompt), context_length)

@@ -550,7 +550,7 @@ class Runner:
             seq.finish_reason = check_finished(seq, self.tokenizer, self.eos_token_ids)
             if seq.finish_reason is not None:
                 self._emit(seq)
-            elif seq.job.stream:
+            elif seq.job.stream and _stream_due(len(seq.output_ids), seq.job.params.stream_interval):
                 chunk = snapshot(seq, self.tokenizer)
                 # Like SGLang, skip a chunk whose text may be the start of a stop string.
                 if not ends_with_stop_prefix(chunk.text, seq.job.params.stop):
@@ -572,6 +572,13 @@ class Runner:
 
 
 # ---- small helpers -------------------------------------------------------------------------------------
+
+
+def _stream_due(n_out: int, interval: int) -> bool:
+    """Whether an unfinished streamed sequence of `n_out` output tokens sends a chunk now (SGLang's
+    OutputStreamer: every token at interval 1, else when n_out % interval == 1, so the first token
+    always goes out at once)."""
+    return interval <= 1 or n_out % interval == 1
 
 
 def _seeded_generator(seed: int | None) -> torch.Generator | None:

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..client._answer import read_answer
 from ..client._completion_cache import CompletionCache, cache_key, merge, split, store_finished
-from ..client._generate import GenerateJob, chunks_to_fill, new_rid, request_size, run_generate
+from ..client._generate import GenerateJob, chunks_to_fill, request_size, run_generate
 from ..client._prompts import PromptBatch, prompt_data
+from ..client._sender import new_rid
 from ..core import _loop, _options
 from ..core._columns import RESERVED_DATA_NAMES
 from ..core._types import Prompt, Prompts

@@ -17,7 +17,7 @@ owns the loop), with rlgen plugged in as its model client (read from verifiers 0
   checks that the history verifiers passes is the one already sent, and appends only the template
   delta of the messages that are new (`EpisodeCall.delta_ids`), after a closing EOS where the last
   turn did not sample one: the history's ids are the ids sampled, never re-tokenized. The turn is
-  sampled through the runner's `TurnSender` (seeding, batching, the bound on requests in flight);
+  sampled through the runner's sender (seeding, batching, the bound on requests in flight);
   with tools, its calls are read outside `<think>` blocks by the server's parser (SGLang's
   `/parse_function_call`) or `hermes`, and answered as `vf.Response` with a `ResponseMessage`
   (content without the call blocks, `tool_calls=[ToolCall(id, name, arguments JSON)]`,
@@ -216,12 +216,11 @@ class _Rollout:
         if self.ended is not None:
             raise self.ended
         try:
-            t = time.perf_counter()
             if not self.seen:
                 self._start(messages, tools)
             else:
                 self._take_env(messages)
-            return await self._sample(budget, time.perf_counter() - t)
+            return await self._sample(budget)
         except _Stop as stop:
             self.ended = stop
             raise
@@ -302,7 +301,7 @@ class _Rollout:
         self.seen = keys[:last + 1]
         return new, rewritten
 
-    async def _sample(self, budget: int, own: float) -> _Sampled:
+    async def _sample(self, budget: int) -> _Sampled:
         """One turn sampled through the runner's sender, into the record, read for tool calls."""
         call, record = self.call, self.record
         k = self.turn + 1
@@ -310,14 +309,12 @@ class _Rollout:
         if isinstance(got, tuple):
             status, error = got
             raise _Stop(status, error, overlong=status == "context_limit")
-        t = time.perf_counter()
         self.turns.append(got.turn)
         self.turn = k
         content, reasoning, calls = await self._read_calls(got.turn.text or "")
         finish = "tool_calls" if calls else "length" if got.finish == "length" else "stop"
         self.seen.append(_key({"role": "assistant", "content": content,
                                "tool_calls": [{"id": i, "name": n, "arguments": a} for i, n, a in calls]}))
-        got.turn.rlgen_s = own + got.own_s + time.perf_counter() - t
         self.returned_at = time.perf_counter()
         return _Sampled(content, reasoning, calls, finish, record.ids[:got.sent], got.ids, got.logprobs, got.rid)
 

@@ -92,7 +92,7 @@ def _plain(value: Any) -> bool:
 
 def _turns_safe(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """An episode's turns, JSON-safe (`_json_safe`): an assistant turn's are already (its text and
-    numbers, and what the server's decoded JSON said: `settle_turn`), so only the environment's
+    numbers, and what the server's decoded JSON said: `sample_turn`), so only the environment's
     replies, which hold what a user's environment and tools returned, are checked."""
     out = turns
     for i, turn in enumerate(turns):
@@ -277,8 +277,7 @@ class Episodes(Rollouts):
     def turns(self) -> pd.DataFrame:
         """A row per turn (assistant turns and the environment's replies): `run`, `row_id`,
         prompt_index, sample_index, turn, role, text, tokens, logprob_mean, tool_calls,
-        tool_calls_failed, finish_reason, cached_tokens, prompt_tokens, latency_s, rlgen_s (the
-        runner's own time for an assistant turn), status (an environment reply's), calls (an
+        tool_calls_failed, finish_reason, cached_tokens, prompt_tokens, latency_s, status (an environment reply's), calls (an
         environment reply's tool calls: name, arguments, status, error), reward (an environment
         reply's step reward, when it gives one; an assistant turn's after `add_turn_rewards`) and
         info (what an environment said about a step, when it said anything)."""

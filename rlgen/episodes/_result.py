@@ -146,7 +146,6 @@ class Turn:
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
     latency_s: float | None = None
-    rlgen_s: float = 0.0
     rid: str | None = None
     weight_version: Any = None
     matched_stop: Any = None
@@ -161,7 +160,7 @@ class Turn:
     _KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
         role: ("turn", "role", "text", "tokens", "logprob_mean", "tool_calls", "tool_calls_failed", "finish_reason",
                "cached_tokens", "prompt_tokens", "latency_s", *own)
-        for role, own in (("assistant", ("rid", "weight_version", "matched_stop", "rlgen_s")),
+        for role, own in (("assistant", ("rid", "weight_version", "matched_stop")),
                           ("env", ("status", "done", "calls", "roles", "reward", "info")))}
 
     def as_dict(self) -> dict[str, Any]:
@@ -189,13 +188,13 @@ def data_columns(items: Sequence[Any]) -> dict[str, list[Any]]:
 
 
 TURN_COLUMNS = ["prompt_index", "sample_index", "turn", "role", "text", "tokens", "logprob_mean", "tool_calls",
-                "tool_calls_failed", "finish_reason", "cached_tokens", "prompt_tokens", "latency_s", "rlgen_s"]
+                "tool_calls_failed", "finish_reason", "cached_tokens", "prompt_tokens", "latency_s"]
 
 
 def turns_frame(records: Sequence[EpisodeRecord]) -> pd.DataFrame:
     """A row per turn (assistant turns and environment replies): prompt_index, sample_index, turn,
     role, text, tokens, logprob_mean, tool_calls, tool_calls_failed, finish_reason, cached_tokens,
-    prompt_tokens, latency_s, rlgen_s."""
+    prompt_tokens, latency_s."""
     import pandas as pd
 
     rows = [{"prompt_index": r.prompt_index, "sample_index": r.sample_index,

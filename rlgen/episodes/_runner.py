@@ -4,7 +4,8 @@ Owns: `run_episodes`, which checks what concerns the whole call before anything 
 counts, the environment (`as_environment`), the data (`episode_data`: one item per prompt, no name
 of rlgen's own columns), the chat template compiles (`check_template`)), then runs one `Episode`
 (`_episode`) per prompt and sample as a task, all at once, with at most `max_in_flight` requests in
-flight (`TurnSender`), and handles Ctrl-C: finished episodes are kept, the rids in flight are
+flight (the one sender, `client._sender.Sender`: each turn leaves when it is ready, batched with the
+turns ready with it, and is answered the moment its own sample ends), and handles Ctrl-C: finished episodes are kept, the rids in flight are
 aborted on the server, unfinished episodes get "cancelled". An unexpected failure in one episode is
 its status "error" (with the traceback), not the call's. Also owns the prompts' form
 (`episode_prompts`: chats, or strings made into one user message each, roles checked as
@@ -23,13 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..client._generate import gather_or_abort
 from ..client._http import Client
 from ..client._prompts import CHAT_ROLES
+from ..client._sender import Sender, gather_or_abort
 from ._env import as_environment
-from ._episode import Episode, EpisodeCall, TurnSender, turn_texts
+from ._episode import Episode, EpisodeCall, Tracer
 from ._result import EpisodeRecord, data_columns
-from ._template import check_template, eos_id
+from ._template import check_template
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "LoopCall", "episode_data", "episode_prompts", "run_episodes"]
 
@@ -66,6 +67,9 @@ def episode_prompts(prompts: Any) -> list[list[dict[str, Any]]]:
     a chat template renders (`client._prompts.CHAT_ROLES`, as `generate()`: "did you mean")."""
     def chat(p: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(p, str):
+            if not p.strip():
+                raise ValueError(f"{where} is an empty string: write the user's first message there (a str), "
+                                 "or give a chat")
             return [{"role": "user", "content": p}]
         if isinstance(p, Sequence) and p and all(isinstance(m, Mapping) for m in p):
             for m in p:
@@ -120,7 +124,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                        data: Any = None, env_timeout: float | None = 30.0,
                        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                        records: list[EpisodeRecord] | None = None,
-                       on_episode: Any = None, batch_turns: bool = True) -> list[EpisodeRecord]:
+                       on_episode: Any = None, batch_turns: bool = True,
+                       tracer: Tracer | None = None) -> list[EpisodeRecord]:
     """Run `n` episodes per prompt (all concurrently, at most `max_in_flight` requests at once).
 
     Args:
@@ -140,9 +145,10 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         records: a list to fill in place (prompt-major, n per prompt), so that a caller keeps what
             finished when this is cancelled.
         on_episode: called with each record as it finishes (e.g. a progress line's advance).
-        batch_turns: send the turns that are ready together as one batched `/generate` (`_coalesce`:
-            SGLang serves a batch much faster than as many single requests); False: one request per
-            turn, each answered as soon as its sample finishes.
+        batch_turns: send the turns that are ready together as one batched `/generate`, streamed
+            so that each turn is answered as soon as its own sample ends (`client._sender`: SGLang
+            serves a batch much faster than as many single requests); False: one request per turn.
+        tracer: called at each step's edges (`_episode.Tracer`), for benchmarks; None: nothing is timed.
 
     Raises (before anything is sent):
         TypeError / ValueError: a count below 1, an env, data or env_timeout `as_environment` /
@@ -158,11 +164,10 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     environment = as_environment(env, timeout=env_timeout)
     items = episode_data(data, len(prompts))
     check_template(tokenizer, tools=environment.tools)
-    sender = TurnSender(client, {**(sampling or {}), "max_new_tokens": max_new_tokens}, max_in_flight=max_in_flight,
-                        batch_turns=batch_turns, texts=turn_texts(tokenizer, eos_id(tokenizer)),
-                        episodes=len(prompts) * n if environment.loop is None else None)
+    sender = Sender(client, max_in_flight=max_in_flight, batch=batch_turns,
+                    members=len(prompts) * n if environment.loop is None else None)
     call = EpisodeCall(tokenizer, environment, sender, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                       context_length=context_length)
+                       context_length=context_length, sampling=sampling, tracer=tracer)
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
 

@@ -179,8 +179,8 @@ def test_a_turn_is_kept_as_the_dict_of_its_role_with_the_turns_frame_columns_in_
     from rlgen.episodes import Turn
     from rlgen.episodes._result import TURN_COLUMNS
 
-    common = TURN_COLUMNS[2:-1]  # turn ... latency_s; rlgen_s is an assistant turn's
-    assert list(Turn(0, "assistant").as_dict()) == [*common, "rid", "weight_version", "matched_stop", "rlgen_s"]
+    common = TURN_COLUMNS[2:]  # turn ... latency_s
+    assert list(Turn(0, "assistant").as_dict()) == [*common, "rid", "weight_version", "matched_stop"]
     said = Turn(1, "env", text="4", tokens=3, tool_calls=1, tool_calls_failed=0, status=None, done=False)
     assert list(said.as_dict()) == [*common, "status", "done", "calls", "roles", "reward", "info"]
     assert said.as_dict()["tokens"] == 3 and said.as_dict()["logprob_mean"] is None

@@ -194,15 +194,22 @@ def test_ctrl_c_keeps_finished_episodes_aborts_the_request_in_flight_on_the_serv
 
 
 @pytest.mark.timeout(120)
-def test_each_assistant_turn_records_the_runner_own_time_small_beside_the_request(engine: rlgen.Engine) -> None:
-    episodes.first_prompt_ids(engine.tokenizer, [{"role": "user", "content": "Hi."}])  # the template compiled once
-    res = engine.episodes(["What is 2+2?"], env=again_once, n=2, max_new_tokens=4)
-    turns = [t for r in res.records for t in r.assistant_turns]
-    assert len(turns) == 4
-    for t in turns:
-        assert isinstance(t["rlgen_s"], float) and 0.0 <= t["rlgen_s"] < t["latency_s"], t
-    assert sum(t["rlgen_s"] for t in turns) < 0.1 * sum(t["latency_s"] for t in turns)
-    assert all("rlgen_s" not in t for r in res.records for t in r.turns if t["role"] == "env")
+def test_a_tracer_sees_each_turns_request_answer_and_environment_step_in_the_order_they_run(
+        engine: rlgen.Engine) -> None:
+    from rlgen.episodes import run_episodes
+
+    seen: list[tuple[str, int, int]] = []
+
+    def tracer(event: str, record: Any, turn: int) -> None:
+        seen.append((event, record.sample_index, turn))
+
+    records = _loop.run_sync(run_episodes(engine._client, engine.tokenizer, [[{"role": "user", "content": "Hi."}]],
+                                          env=again_once, n=2, max_new_tokens=4, tracer=tracer))
+    assert [r.status for r in records] == ["done", "done"]
+    for j in (0, 1):
+        assert [(e, t) for e, s, t in seen if s == j] == [
+            ("request", 0), ("answer", 0), ("env", 0), ("reply", 0),
+            ("request", 1), ("answer", 1), ("env", 1), ("reply", 1)]
 
 
 def add(a: int, b: int) -> int:
@@ -247,24 +254,37 @@ def test_turns_that_are_ready_together_go_as_one_batched_request_and_give_the_sa
         engine: rlgen.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
     params: list[Any] = []
-    post = engine._client.generate
+    post, stream = engine._client.generate, engine._client.generate_stream
 
-    async def spy(payload: dict[str, Any]) -> Any:
+    def note(payload: dict[str, Any]) -> None:
         ids = payload["input_ids"]
         sizes.append(len(ids) if ids and isinstance(ids[0], list) else 1)
         params.append(payload["sampling_params"])
+
+    async def spy(payload: dict[str, Any]) -> Any:
+        note(payload)
         return await post(payload)
 
+    async def spy_stream(payload: dict[str, Any]) -> Any:
+        note(payload)
+        async for chunk in stream(payload):
+            yield chunk
+
     monkeypatch.setattr(engine._client, "generate", spy)
+    monkeypatch.setattr(engine._client, "generate_stream", spy_stream)
     kw = dict(env=again_once, n=3, max_turns=3, max_new_tokens=4, temperature=0, ignore_eos=True)
     batched = engine.episodes(["What is 2+2?", "Name a colour."], **kw)
-    assert sizes == [6, 6] and batched.df.status.eq("done").all()       # 6 episodes x 2 turns, in step
+    assert sizes[0] == 6 and sum(sizes) == 12 and batched.df.status.eq("done").all()  # 6 episodes x 2 turns
     # the turns share their sampling parameters: sent once per batch, as one dict
     assert all(isinstance(p, dict) and p["max_new_tokens"] == 4 and p["ignore_eos"] for p in params)
     params.clear()
+    sizes.clear()
     seeded = engine.episodes(["What is 2+2?"], env=again_once, n=3, max_turns=2, max_new_tokens=4, sampling_seed=11)
-    # a seeded call's episodes draw with seed + j: one dict per episode in each batch
-    assert [[p["sampling_seed"] for p in batch] for batch in params] == [[11, 12, 13]] * 2
+    # a seeded call's episodes draw with seed + j: one dict per episode (the first turns in one batch; each
+    # episode's next turn leaves as soon as its own answer is in, so later batches may hold fewer)
+    seeds = [[p["sampling_seed"] for p in (batch if isinstance(batch, list) else [batch] * size)]
+             for batch, size in zip(params, sizes)]
+    assert seeds[0] == [11, 12, 13] and sorted(sum(seeds, [])) == [11, 11, 12, 12, 13, 13]
     assert seeded.df.status.eq("done").all()
     params.clear()
     sizes.clear()
@@ -279,11 +299,11 @@ def test_a_turn_batch_leaves_once_every_episode_still_running_has_joined_it_not_
         engine: rlgen.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from rlgen.episodes._coalesce import TurnBatcher
+    from rlgen.client._sender import Sender
 
     # A batch would otherwise wait 10 s for more turns: only the episodes' own count can send it sooner.
-    monkeypatch.setitem(TurnBatcher.__init__.__kwdefaults__, "linger_s", 10.0)
-    monkeypatch.setitem(TurnBatcher.__init__.__kwdefaults__, "max_wait_s", 10.0)
+    monkeypatch.setitem(Sender.__init__.__kwdefaults__, "linger_s", 10.0)
+    monkeypatch.setitem(Sender.__init__.__kwdefaults__, "max_wait_s", 10.0)
 
     def stop_after(messages: list[dict[str, Any]], data: Any) -> str:
         return "done" if sum(m["role"] == "assistant" for m in messages) >= data["stop_at"] else "Go on."
@@ -312,26 +332,31 @@ def test_the_cyclic_gc_is_paused_while_episodes_run_and_resumed_after(engine: rl
 
 
 @pytest.mark.timeout(120)
-def test_a_turns_bookkeeping_is_done_while_the_next_request_is_on_the_server_and_the_records_are_whole(
-        engine: rlgen.Engine) -> None:
+def test_no_episode_waits_for_a_turn_of_its_batch_that_is_still_being_sampled(engine: rlgen.Engine) -> None:
     import asyncio
+    import time
 
     from rlgen.episodes import run_episodes
-    from rlgen.episodes._result import EpisodeRecord
 
-    records: list[EpisodeRecord] = []
-    seen: list[list[int]] = []  # per request, each record's written turns while the server "works"
+    t0 = time.perf_counter()
+    sent: list[tuple[str, float]] = []  # (the episode's prompt, when its request left)
 
     class Server:
-        """Answers each batch 20 ms after it came, 3 sampled ids (the last an EOS) per prompt."""
+        """Streams each batch's items as they end: a prompt that says "slow" ends 1 s after the others."""
 
-        async def generate(self, payload: dict[str, Any]) -> Any:
-            await asyncio.sleep(0.02)
-            seen.append([len(r.turns) for r in records])
-            return [{"text": "", "output_ids": [300, 301, EOS], "meta_info": {
-                "id": rid, "finish_reason": {"type": "stop", "matched": EOS}, "prompt_tokens": len(ids),
-                "completion_tokens": 3, "cached_tokens": 0, "output_token_logprobs": [[-0.5, t, None] for t in (300, 301, EOS)]}}
-                for ids, rid in zip(payload["input_ids"], payload["rid"])]
+        async def generate_stream(self, payload: dict[str, Any]) -> Any:
+            order = sorted(range(len(payload["input_ids"])), key=lambda i: engine.tokenizer.decode(
+                payload["input_ids"][i]).count("slow"))
+            for i in order:
+                ids = payload["input_ids"][i]
+                sent.append((engine.tokenizer.decode(ids), time.perf_counter() - t0))
+            for i in order:
+                if "slow" in engine.tokenizer.decode(payload["input_ids"][i]):
+                    await asyncio.sleep(1.0)
+                yield {"index": i, "text": "", "output_ids": [300, EOS], "meta_info": {
+                    "id": payload["rid"][i], "finish_reason": {"type": "stop", "matched": EOS},
+                    "prompt_tokens": len(payload["input_ids"][i]), "completion_tokens": 2, "cached_tokens": 0,
+                    "output_token_logprobs": [[-0.5, t, None] for t in (300, EOS)]}}
 
         async def abort(self, rids: list[str]) -> None:
             return None
@@ -339,12 +364,9 @@ def test_a_turns_bookkeeping_is_done_while_the_next_request_is_on_the_server_and
     def go_on(messages: list[dict[str, Any]], data: Any) -> str:
         return "done" if sum(m["role"] == "assistant" for m in messages) >= 3 else "Go on."
 
-    asyncio.run(run_episodes(Server(), engine.tokenizer, [[{"role": "user", "content": "Hi."}]] * 2,  # type: ignore[arg-type]
-                             env=go_on, n=2, max_turns=3, max_new_tokens=3, records=records))
-    # While turn k's request is on the server, turns 1..k-1 (an assistant turn and a reply each) are written.
-    assert seen == [[0] * 4, [2] * 4, [4] * 4]
-    for r in records:
-        assert r.status == "done" and [t["role"] for t in r.turns] == ["assistant", "env"] * 3
-        assert len(r.loss_mask) == len(r.logprobs) == len(r.turn_ids) == len(r.roles) == len(r.ids)
-        assert sum(r.loss_mask) == 9 and r.logprobs.count(-0.5) == 9
-        assert [t["logprob_mean"] for t in r.assistant_turns] == [-0.5] * 3
+    records = asyncio.run(run_episodes(Server(), engine.tokenizer, [[{"role": "user", "content": "Be slow."}],
+                                                                     [{"role": "user", "content": "Be quick."}]],
+                                       env=go_on, n=1, max_turns=3, max_new_tokens=3))
+    assert [r.status for r in records] == ["done", "done"]
+    quick = [at for text, at in sent if "quick" in text]
+    assert len(quick) == 3 and quick[-1] < 0.5, f"the quick episode's turns left at {quick}: it waited for the slow one"
