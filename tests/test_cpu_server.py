@@ -107,6 +107,15 @@ def test_a_request_joining_a_running_batch_gets_the_same_tokens(runner: Runner, 
     assert submitted and first_out.output_ids == solo[PROMPTS[0]] and late_out.output_ids == solo[PROMPTS[1]]
 
 
+@pytest.mark.parametrize(("interval", "lengths"), [(1, [1, 2, 3, 4, 5, 6, 7]), (3, [1, 4, 7]), (8, [1, 7])])
+def test_a_stream_sends_a_chunk_every_stream_interval_tokens_from_the_first_and_its_last(
+        runner: Runner, interval: int, lengths: list[int]) -> None:
+    seen: list[int] = []
+    job = _job(runner, PROMPTS[0], stream=True, stream_interval=interval, **{**GREEDY, "max_new_tokens": 7})
+    _run(runner, [job], on_update=lambda i, out: seen.append(len(out.output_ids)))
+    assert seen == lengths  # SGLang's rule: len % interval == 1, and the finished sequence
+
+
 def test_stop_string_is_trimmed_from_text_but_not_from_output_ids(runner: Runner) -> None:
     base = _run(runner, [_job(runner, PROMPTS[0], **{**GREEDY, "max_new_tokens": 16})])[0]
     words = base.text.split()
