@@ -170,6 +170,15 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                        context_length=context_length, sampling=sampling, tracer=tracer)
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
+    await _run_all(call, prompts, out, on_episode)
+    return out
+
+
+async def _run_all(call: EpisodeCall, prompts: Sequence[Sequence[Mapping[str, Any]]], out: list[EpisodeRecord],
+                   on_episode: Callable[[EpisodeRecord], None] | None) -> None:
+    """Every record's episode as a task of its own (or the environment's own loop over them all);
+    on Ctrl-C or a failure, the rids in flight aborted and the unfinished records "cancelled"."""
+    sender, environment = call.sender, call.environment
 
     async def guarded(record: EpisodeRecord) -> None:
         try:
@@ -198,7 +207,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     else:
         tasks = [asyncio.ensure_future(guarded(r)) for r in out]
     try:
-        await gather_or_abort(client, tasks, sender.in_flight)
+        await gather_or_abort(sender.client, tasks, sender.in_flight)
     except BaseException:
         for r in out:
             if r.status == "running":
@@ -206,4 +215,3 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         raise
     finally:
         await sender.close()  # batches whose waiters were cancelled (their rids are aborted above)
-    return out
