@@ -8,13 +8,14 @@ making of the answers, which both pay alike; their difference is what rlgen's bo
 `episodes.py`'s (64 chats x n=4, 4 turns of 64 tokens, a fixed reply); each timed run is one
 `asyncio.run` with the cyclic GC paused, as `Engine.episodes` pauses it, after a collection.
 
-Two experiments take one piece out of rlgen's path, to weigh it (switches of this script, not
-options of rlgen's: each swaps a function the runner calls, only while it runs):
+One experiment takes one piece out of rlgen's path, to weigh it (a switch of this script, not an
+option of rlgen's: it swaps a function the runner calls, only while it runs):
 
-    episodes-nodecode    each turn's text read from the answer's own "text", not decoded from its
-                         ids (`turn_texts`: one `batch_decode` per batch)
     episodes-nocontain   the environment's step awaited directly, without `call_contained`'s task,
                          timeout and failure handling
+
+(An earlier `episodes-nodecode`, which swapped the batch's one `batch_decode` of the turns' texts,
+went with that batch decode: each turn's text is decoded as its answer is written.)
 
 Reported: each method's median ms with its 90% bootstrap interval, episodes - lockstep, and what
 each experiment saves (episodes - experiment). The numbers are this machine's: compare within a run.
@@ -46,9 +47,10 @@ SAMPLING = {"temperature": 1.0, "ignore_eos": True}
 
 
 class InstantClient:
-    """What the runner needs of a client (`generate`, `abort`): every answer made at once, in process,
-    then handed back after `server_s` (the time a server would work on it: rlgen's work done while
-    it waits is then off the critical path, as on a real server)."""
+    """What the runner needs of a client (`generate`, `generate_stream`, `abort`): every answer made
+    at once, in process, then handed back after `server_s` (the time a server would work on it:
+    rlgen's work done while it waits is then off the critical path, as on a real server); a streamed
+    batch yields each item's answer as one chunk tagged with its index."""
 
     server_s = 0.0
 
@@ -61,6 +63,11 @@ class InstantClient:
             await asyncio.sleep(self.server_s)
         return made
 
+    async def generate_stream(self, payload: dict[str, Any]) -> Any:
+        made = await self.generate(payload)
+        for index, entry in enumerate(made if isinstance(made, list) else [made]):
+            yield {**entry, "index": index} if isinstance(made, list) else entry
+
     async def abort(self, rids: list[str]) -> None:
         return None
 
@@ -68,11 +75,9 @@ class InstantClient:
 @contextmanager
 def experiment(name: str) -> Iterator[None]:
     """While open, the runner runs without the piece `name` takes out (see the module docstring)."""
-    from rlgen.episodes import _env, _runner
+    from rlgen.episodes import _env
 
-    if name == "episodes-nodecode":
-        module, attr, value = _runner, "turn_texts", lambda tok, eos: (lambda answers: [a.get("text") for a in answers])
-    elif name == "episodes-nocontain":
+    if name == "episodes-nocontain":
         async def direct(fn: Any, args: Any, timeout: Any, what: str) -> Any:
             return _env.normalise_return(await fn(*args), what=what)
         module, attr, value = _env, "call_contained", direct
@@ -114,7 +119,7 @@ def methods(tok: Any) -> dict[str, Callable[[], Coroutine[Any, Any, Any]]]:
                     history += delta
         return histories
 
-    return {"episodes": episodes, "lockstep": lockstep, "episodes-nodecode": episodes, "episodes-nocontain": episodes}
+    return {"episodes": episodes, "lockstep": lockstep, "episodes-nocontain": episodes}
 
 
 def timed(name: str, run: Callable[[], Coroutine[Any, Any, Any]]) -> float:
@@ -156,7 +161,7 @@ def main() -> None:
         iv = C.bootstrap_median(values)
         print(f"  {name:20s} {statistics.median(values):8.1f}  [{iv[0]:.1f}-{iv[1]:.1f}]" if iv else f"  {name}")
     diffs = {"episodes - lockstep": ("episodes", "lockstep")}
-    diffs.update({f"saved by {x}": ("episodes", x) for x in ("episodes-nodecode", "episodes-nocontain")})
+    diffs["saved by episodes-nocontain"] = ("episodes", "episodes-nocontain")
     record["differences"] = {}
     for label, (a, b) in diffs.items():
         d, iv = statistics.median(ms[a]) - statistics.median(ms[b]), C.bootstrap_difference(ms[a], ms[b])
