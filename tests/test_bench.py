@@ -518,22 +518,18 @@ def test_the_in_process_episodes_bench_weighs_each_piece_and_puts_it_back(model_
 
     import episodes_inprocess as ip
 
-    from rlgen.episodes import _env, _runner
+    from rlgen.episodes import _env
 
-    texts, contained = _runner.turn_texts, _env.call_contained
-    with ip.experiment("episodes-nodecode"):
-        assert _runner.turn_texts is not texts and _env.call_contained is contained
-        assert _runner.turn_texts(None, 2)([{"text": "from the answer"}]) == ["from the answer"]
+    contained = _env.call_contained
     with ip.experiment("episodes-nocontain"):
-        assert _env.call_contained is not contained and _runner.turn_texts is texts
-    assert _runner.turn_texts is texts and _env.call_contained is contained  # each put back
+        assert _env.call_contained is not contained
+    assert _env.call_contained is contained  # put back
     script = Path(__file__).resolve().parents[1] / "bench" / "episodes_inprocess.py"
     out = tmp_path / "inprocess.json"
     done = subprocess.run([sys.executable, str(script), "--repeats", "1", "--model", model_path, "--out", str(out)],
                           capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert sorted(data["ms"]) == ["episodes", "episodes-nocontain", "episodes-nodecode", "lockstep"]
+    assert sorted(data["ms"]) == ["episodes", "episodes-nocontain", "lockstep"]
     assert all(len(v) == 1 and v[0] > 0 for v in data["ms"].values())
-    assert set(data["differences"]) == {"episodes - lockstep", "saved by episodes-nodecode",
-                                        "saved by episodes-nocontain"}
+    assert set(data["differences"]) == {"episodes - lockstep", "saved by episodes-nocontain"}
