@@ -370,3 +370,11 @@ def test_no_episode_waits_for_a_turn_of_its_batch_that_is_still_being_sampled(en
     assert [r.status for r in records] == ["done", "done"]
     quick = [at for text, at in sent if "quick" in text]
     assert len(quick) == 3 and quick[-1] < 0.5, f"the quick episode's turns left at {quick}: it waited for the slow one"
+
+
+@pytest.mark.parametrize("prompts", ["", "   ", ["What is 2+2?", ""]])
+def test_an_empty_prompt_string_is_refused_before_anything_runs_saying_what_to_give(prompts: Any) -> None:
+    from rlgen.episodes._runner import episode_prompts
+
+    with pytest.raises(ValueError, match="empty string: write the user's first message there"):
+        episode_prompts(prompts)
