@@ -1,50 +1,85 @@
-"""Multi-turn episodes: `Engine.episodes` against a hand-written lockstep loop of the same turns.
+"""Multi-turn episodes: `Engine.episodes` against two hand-written loops of the same turns.
 
-Not a test. Owns the episodes benchmark: its workload (chat prompts, an environment that answers
-every assistant turn with one fixed short user message and ends after `--turns` turns, each turn
-sampling exactly `--turn-tokens` tokens with ignore_eos), the timed methods (four by default, an
-experiment on request), the per-run analysis of the episodes' records (requests per turn, prefix
-cache, rlgen's own time per turn) and the report. It also owns `RequestLog`, a wrapper of the
-Engine's HTTP client that timestamps every /generate request of an episodes call
-(scripts/gpu/episodes_check.py uses it too), and `lockstep`, the anchor. Starts ONE server with
-`rlgen.Engine(model, backend=...)`, then, interleaved (`_common.run_interleaved`: one warm-up each,
-then every repeat runs every method in a shuffled order, each after a prefix-cache flush):
+Not a test. Owns the episodes benchmark: its workloads (chat prompts, an environment that answers
+every assistant turn with one fixed short user message and ends after `--turns` turns; see
+"Workloads"), the timed methods (see "Methods"), the per-run analysis of the episodes' records
+(requests per turn, prefix cache, rlgen's own time per turn, the wait after each environment step)
+and the report. It also owns `RequestLog`, a wrapper of the Engine's HTTP client that timestamps
+every /generate request of an episodes call, streamed or not (scripts/gpu/episodes_check.py uses it
+too), and the two anchors, `lockstep` and `per_episode`, written without rlgen. Starts ONE server
+with `rlgen.Engine(model, backend=...)` (or attaches to one: `--server URL`, e.g.
+`_instant_server.py`), then, per workload, interleaved (`_common.run_interleaved`: one warm-up
+each, then every repeat runs every method in a shuffled order, each after a prefix-cache flush),
+then an EOS workload's timeline runs (below).
 
-    episodes   eng.episodes(chats, env=<fixed reply>, n=N, max_turns=T, max_new_tokens=K,
-               ignore_eos=True, temperature=1, max_in_flight=<all episodes>) and its .df: the
-               turns that are ready together sent as one batched /generate (the default)
+Workloads (`--workload`, comma-separated; several run one after the other on the same server):
+
+    fixed         every turn exactly `--turn-tokens` tokens (ignore_eos), the environment answers at
+                  once (`fixed_reply`); the workload of every run before 2026-12-05s
+    eos           turns end at the model's EOS (at most `--max-new-tokens`, 256; nothing forces a
+                  length), and each environment step first sleeps a latency drawn uniformly from
+                  0-`--env-ms` (50 ms) (`StepLatency`)
+    eos-longtail  the same, but a share `--tail-share` (5%) of the steps sleeps `--tail-s` (1 s)
+                  instead: a slow tool
+
+An EOS workload's latencies are drawn once, before any run, per (repeat, episode, turn), from a
+fixed seed (`StepLatency.draw`): every method of a repeat meets the same latency at the same
+episode and turn. Its episodes carry their index as data (`{"episode": e}`; e = chat x n + sample,
+prompt-major), so rlgen's call is the chats repeated n times as prompts with n=1 (rlgen renders
+each distinct chat once either way); the anchors give their episodes the same data. Every method's
+environment is that one function, called after each assistant turn, the last one included (it
+then answers "done"): `async def` with `asyncio.sleep`, or with `--sync-env` a plain function with
+`time.sleep` (rlgen runs it on a worker thread; the anchors with `run_in_executor` on a pool of one
+thread per episode, made once, outside the timing). It notes when each step ended
+(`time.monotonic()`).
+
+Methods (`--methods`; `generate` runs on the fixed workload only):
+
+    episodes   eng.episodes(chats, env=..., n=N, max_turns=T, max_new_tokens=K, temperature=1,
+               max_in_flight=<all episodes>) and its .df: the turns that are ready together sent
+               as one batched /generate, streamed so each turn is answered when its own sample ends
+               (the default; since fc02ac3)
     episodes-single  the same with batch_turns=False: one /generate request per turn
     episodes-split   the same, each turn's batch sent in parts of at most --split-batch turns (64),
                each part as soon as it is ready (an experiment: does sending the first part while
                the runner still reads the rest of the answer hide its time behind the server's?)
-    lockstep   what a user writes without rlgen (`lockstep`, plain aiohttp + orjson on the Engine's
-               URL, no rlgen code): per turn ONE POST /generate of all N x prompts histories as
-               `input_ids` (one `sampling_params` for all: max_new_tokens=K, ignore_eos, T=1;
-               `return_logprob`), then each history += the sampled ids (+ EOS when the turn did not
-               end with it) + the reply's template delta. The delta is rendered once per run with
-               `rlgen.episodes.message_delta_ids(tok, [reply])`: the reply is the same every turn,
-               so a hand-written loop renders it once (rlgen renders each episode's own). Timed
-               from the chats, as the episodes are: it renders their first-turn ids inside the
-               timing
+    lockstep   TRL's pattern (`lockstep`, plain aiohttp + orjson on the Engine's URL, no rlgen
+               code): per turn ONE POST /generate of every episode's history as `input_ids` (one
+               `sampling_params` for all, `return_logprob`), then (EOS workloads) every episode's
+               environment step at once (asyncio.gather), then each history += the sampled ids (+
+               EOS when the turn did not end with it) + the reply's template delta; the next turn's
+               request waits for the slowest step: a barrier
+    per-episode  verl's agent-loop pattern (`per_episode`, plain aiohttp + orjson): one asyncio
+               task per episode, each looping: POST /generate of its own `input_ids` (one sample,
+               `return_logprob`), its ids += the sampled ids (+ EOS), await its environment step,
+               += the delta, next turn; no episode waits for another
     generate   eng.generate(<the same chats' first-turn ids>, n=N, max_new_tokens=T*K,
                ignore_eos=True, temperature=1, cache=False) and its .df: the same sampled tokens
                in ONE single-turn call (rlgen's default chunking)
+
+Both anchors render each chat's first ids with the tokenizer and the fixed reply's template delta
+once per run with `rlgen.episodes.message_delta_ids(tok, [reply])` (the reply is the same every
+turn, so a hand-written loop renders it once; rlgen renders each episode's own), inside the timing
+as the episodes are timed from the chats; both pause the cyclic GC while an answer is decoded, as
+rlgen's client does. On the fixed workload they call no environment (its reply is constant and
+instant); rlgen calls its `fixed_reply`. The per-episode loop's connector has no connection limit
+(aiohttp's default of 100 would queue 256 episodes' requests).
 
 The server's garbage collector is frozen once it is up, as rlgen does for every server it launches
 (`rlgen.server._process`; SGLang's /freeze_gc): the record keeps the log lines that say so
 (`server.gc_frozen`). Before that (2026-12-04p and earlier), generation-2 collections of 0.4-0.6 s
 in SGLang's processes made the same call's time vary 15-30% between runs.
 
-The anchor is the lockstep loop, not generate: a turn-by-turn loop pays SGLang's per-request costs
-(admission, prefill, the answer of every sequence) once per turn, which no client can avoid; what
-rlgen can be judged on is what it adds to that loop.
+The anchors are turn-by-turn loops, not generate: a turn-by-turn loop pays SGLang's per-request
+costs (admission, prefill, the answer of every sequence) once per turn, which no client can avoid;
+what rlgen can be judged on is what it adds to such a loop, or saves over it.
 
-Default sizes: 64 prompts x n=4 = 256 episodes x 4 assistant turns x 64 tokens (65,536 sampled
-tokens per run, every method). `--eos`: turns end at the model's EOS (or at `--turn-tokens`), so
-their lengths differ as real turns do, and a batched turn waits for its longest; the methods then
-sample different token counts, so only tokens/s compares. `--sync-env`: the environment a plain
-function (rlgen runs each step on a worker thread), not an `async def`. --quick: 2 prompts x 2
-x 4 turns x 4 tokens (a smoke run on the CPU backend: its numbers mean nothing).
+Default sizes: 64 prompts x n=4 = 256 episodes x 4 assistant turns; fixed: x 64 tokens (65,536
+sampled tokens per run, every method); EOS workloads: at most 256 tokens a turn, so the methods
+sample different token counts and only tokens/s compares. `--eos`: the fixed workload's turns end
+at the model's EOS (or at `--turn-tokens`), with no environment latency. --quick: 2 prompts x 2 x 4
+turns x 4 tokens (8 at most on the EOS workloads; a smoke run on the CPU backend: its numbers mean
+nothing).
 
 Measured, per timed run (every repeat's raw numbers go to the JSON):
 
@@ -64,18 +99,35 @@ Measured, per timed run (every repeat's raw numbers go to the JSON):
                      Inside a request's span (and so counted as the server's) are rlgen's HTTP
                      client's request encoding and answer decoding: `transport` (the span less
                      SGLang's `e2e_latency`) is reported beside it.
+    wait after env   (EOS workloads; `--timeline-runs`, 1, more runs of each method after the timed
+                     ones, not judged) per episode and turn: from the end of its environment step
+                     (noted by the environment, `time.monotonic()`) to the arrival of its next
+                     request at the server. These runs go through `_timeline_proxy.py`, a pass-through
+                     proxy in front of the same server that notes when each /generate body has
+                     arrived and its rids (rlgen's from the records' turns, the anchors name theirs),
+                     so every method is timed alike and without rlgen's internals; the hop is not in
+                     the timed runs. Reported: p50, p99, max and the count over 100 ms (`waits`), and
+                     the timeline itself (`timeline`: per episode, each step's end and each request's
+                     arrival, seconds since the run's first arrival). In lockstep it is the barrier
+                     (the slowest step of the turn, less one's own); an episode that waits for
+                     another's slow tool shows here as ~`--tail-s`.
 
 Targets, judged on 90% bootstrap intervals (`_common.Targets.check_interval`: PASS, FAIL, or NOISE
 when the interval straddles the bound):
 
-    episodes / lockstep, sampled tokens/s          >= 0.95x   (the headline)
-    cached share of turns 2..T                     >= 90%
-    rlgen's own time, % of the episode's wall time  < 5%
+    fixed: episodes / lockstep, sampled tokens/s           >= 0.95x   (the headline)
+    fixed: cached share of turns 2..T                      >= 90%
+    fixed: rlgen's own time, % of the episode's wall time   < 5%
+    eos, eos-longtail: episodes / the better of lockstep and per-episode (tok/s)  >= 1.0x
+               (`versus_best`: the better anchor is the one of higher median; the interval
+               resamples all three methods' runs, the better one chosen again in every draw)
 
-Reported beside them, not judged: episodes / generate, lockstep / generate, episodes-single /
-lockstep, episodes / episodes-single.
+Reported beside them, not judged: episodes / lockstep and / per-episode on every workload (ratio
+of medians with its interval, and paired by repeat: the median of each repeat's ratio), episodes /
+generate, lockstep / generate, episodes-single / lockstep, episodes / episodes-single.
 
     python bench/episodes.py --backend sglang --out episodes_bench.json        # the GPU machine
+    python bench/episodes.py --backend sglang --workload fixed,eos,eos-longtail --methods episodes,lockstep,per-episode --out w.json
     python bench/episodes.py --backend cpu --quick --out /tmp/episodes.json    # smoke test anywhere
     python bench/episodes.py --report-only episodes_bench.json --out again.json
 """
@@ -83,6 +135,9 @@ lockstep, episodes / episodes-single.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import math
+import numbers
 import os
 import random
 import shlex
@@ -90,6 +145,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -97,21 +153,26 @@ from typing import Any
 import _common as C
 
 SIZES: dict[str, dict[str, int]] = {
-    "full": {"prompts": 64, "n": 4, "turns": 4, "turn_tokens": 64, "warmup_prompts": 8},
-    "quick": {"prompts": 2, "n": 2, "turns": 4, "turn_tokens": 4, "warmup_prompts": 1},
+    "full": {"prompts": 64, "n": 4, "turns": 4, "turn_tokens": 64, "max_new_tokens": 256, "warmup_prompts": 8},
+    "quick": {"prompts": 2, "n": 2, "turns": 4, "turn_tokens": 4, "max_new_tokens": 8, "warmup_prompts": 1},
 }
 REPEATS = 11  # a run of each method takes 1-3 s on the H200 (65k tokens) at 135M
 REPLY = "Continue."
-TARGET_RATIO, TARGET_CACHED, TARGET_OWN_PCT = 0.95, 0.9, 5.0  # the ratio: episodes / lockstep
+TARGET_RATIO, TARGET_CACHED, TARGET_OWN_PCT = 0.95, 0.9, 5.0  # the ratio: episodes / lockstep (fixed)
+TARGET_BEST = 1.0  # EOS workloads: episodes / the better of the two anchors
+WORKLOADS = ("fixed", "eos", "eos-longtail")
+ENV_MS, TAIL_SHARE, TAIL_S = 50.0, 0.05, 1.0  # the EOS workloads' step latencies
 # "episodes": the turns that are ready together sent as one batched /generate (the default);
-# "episodes-single": one request per turn (batch_turns=False), as before the batcher; "lockstep":
-# the hand-written loop (`lockstep`), the anchor; "episodes-split": batches sent in parts.
-METHODS = ("episodes", "episodes-single", "episodes-split", "lockstep", "generate")
-DEFAULT_METHODS = ("episodes", "episodes-single", "lockstep", "generate")  # the experiment when asked for
+# "episodes-single": one request per turn (batch_turns=False), as before the batcher; "lockstep"
+# and "per-episode": the hand-written loops, the anchors; "episodes-split": batches sent in parts.
+METHODS = ("episodes", "episodes-single", "episodes-split", "lockstep", "per-episode", "generate")
+DEFAULT_METHODS = ("episodes", "episodes-single", "lockstep", "per-episode", "generate")
+ANCHORS = ("lockstep", "per-episode")
+RLGEN_METHODS = ("episodes", "episodes-single", "episodes-split")
 
 
 # ---------------------------------------------------------------------------------------------
-# Workload
+# Workloads
 
 
 def chats(count: int, *, seed: int = 5) -> list[list[dict[str, str]]]:
@@ -132,19 +193,121 @@ def fixed_reply(turns: int, *, sync: bool = False) -> Callable[[list[dict[str, A
     return reply if sync else env
 
 
+class StepLatency:
+    """The EOS workloads' environment: `REPLY` after every assistant turn and "done" after the
+    `turns`-th, each step first sleeping its latency, `draw(repeat, episode, turn)`: uniform in
+    0-`env_s`, or, with `tail_share`, `tail_s` for that share of the steps (seeded by the four
+    numbers, so every method meets the same latencies). All of them are drawn at construction,
+    for `repeats` repeats and the warm-up (repeat -1) of `episodes` episodes, so a step only looks
+    its own up. `function` is the environment every method calls, `env(messages, data)` with data
+    `{"episode": e}`: `async def` (asyncio.sleep), or a plain function (time.sleep) if `sync`.
+    `begin(repeat)` before each run; `ended[(episode, turn)]` is when each step of the run returned
+    (`time.monotonic()`: CLOCK_MONOTONIC, which the timeline proxy's process reads too)."""
+
+    def __init__(self, turns: int, *, episodes: int, repeats: int, env_s: float = ENV_MS / 1e3,
+                 tail_share: float = 0.0, tail_s: float = TAIL_S, sync: bool = False, seed: int = 0) -> None:
+        self.turns, self.env_s, self.tail_share, self.tail_s, self.seed = turns, env_s, tail_share, tail_s, seed
+        self.sync = sync
+        self.table = {r: [[self.draw(r, e, t) for t in range(1, turns + 1)] for e in range(episodes)]
+                      for r in range(-1, repeats)}
+        self.repeat = -1
+        self.ended: dict[tuple[int, int], float] = {}
+        self.function = self._function()
+
+    def draw(self, repeat: int, episode: int, turn: int) -> float:
+        rng = random.Random(f"{self.seed}:{repeat}:{episode}:{turn}")
+        if self.tail_share and rng.random() < self.tail_share:
+            return self.tail_s
+        return rng.uniform(0.0, self.env_s)
+
+    def latency(self, episode: int, turn: int) -> float:
+        rows = self.table.get(self.repeat)
+        if rows is not None and episode < len(rows) and 1 <= turn <= len(rows[episode]):
+            return rows[episode][turn - 1]
+        return self.draw(self.repeat, episode, turn)
+
+    def begin(self, repeat: int) -> None:
+        self.repeat, self.ended = repeat, {}
+
+    def _function(self) -> Callable[..., Any]:
+        turns = self.turns
+
+        def answer(messages: list[dict[str, Any]], data: Mapping[str, Any]) -> tuple[int, int, float]:
+            turn = sum(m["role"] == "assistant" for m in messages)
+            return data["episode"], turn, self.latency(data["episode"], turn)
+
+        def env(messages: list[dict[str, Any]], data: Mapping[str, Any]) -> str:
+            episode, turn, seconds = answer(messages, data)
+            time.sleep(seconds)
+            self.ended[(episode, turn)] = time.monotonic()
+            return "done" if turn >= turns else REPLY
+
+        async def aenv(messages: list[dict[str, Any]], data: Mapping[str, Any]) -> str:
+            episode, turn, seconds = answer(messages, data)
+            await asyncio.sleep(seconds)
+            self.ended[(episode, turn)] = time.monotonic()
+            return "done" if turn >= turns else REPLY
+
+        return env if self.sync else aenv
+
+    def summary(self) -> dict[str, Any]:
+        steps = [s for rows in self.table.values() for row in rows for s in row]
+        return {"env_ms": 1e3 * self.env_s, "tail_share": self.tail_share, "tail_s": self.tail_s,
+                "seed": self.seed, "sync": self.sync, "steps_drawn": len(steps),
+                "tail_steps": sum(s == self.tail_s for s in steps) if self.tail_share else 0,
+                "mean_ms": 1e3 * statistics.fmean(steps) if steps else None}
+
+
+class Scenario:
+    """One workload as the methods run it: its turns, each turn's token budget and whether EOS is
+    ignored, and its environment (`StepLatency`; None: the fixed workload's `fixed_reply`). (Not a
+    dataclass: the tests load this module from its path, unregistered, where dataclasses fail.)"""
+
+    def __init__(self, name: str, turns: int, max_new_tokens: int, *, ignore_eos: bool,
+                 latency: StepLatency | None = None) -> None:
+        self.name, self.turns, self.max_new_tokens = name, turns, max_new_tokens
+        self.ignore_eos, self.latency = ignore_eos, latency
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The anchors' sampling_params (rlgen sends its own from the same options)."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": 1.0,
+                **({"ignore_eos": True} if self.ignore_eos else {})}
+
+
 # ---------------------------------------------------------------------------------------------
-# The hand-written anchor: every episode's turn k in one batched /generate
+# The hand-written anchors: every episode's turn k in one batched /generate (TRL's pattern), and
+# one asyncio task per episode (verl's agent loop)
+
+
+def _first_ids(chats: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any) -> list[list[int]]:
+    return [list(tokenizer.apply_chat_template([dict(m) for m in chat], add_generation_prompt=True, tokenize=True,
+                                               return_dict=False)) for chat in chats]
+
+
+async def _env_step(env: Callable[..., Any], messages: list[dict[str, Any]], data: Any,
+                    pool: Executor | None) -> Any:
+    """One environment step as the anchors take it: awaited if `async def`, else on `pool`."""
+    if pool is None:
+        return await env(messages, data)
+    return await asyncio.get_running_loop().run_in_executor(pool, env, messages, data)
 
 
 async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any, *, n: int, turns: int,
-                   sampling: dict[str, Any], reply: str) -> tuple[int, list[int]]:
-    """What a user writes without rlgen (~30 lines of aiohttp), timed from the chats as an episodes
-    call is: each chat's ids rendered by the tokenizer (n histories a chat, prompt-major) and the
-    fixed reply's template delta rendered once (the reply is the same every turn); then per turn ONE
-    POST /generate of every history as `input_ids` (one `sampling_params` for all,
-    `return_logprob`), and each history += the sampled ids, + EOS when the turn did not end with it,
-    + the delta. JSON by orjson, as rlgen's client; the cyclic GC paused while an answer is
-    decoded, as rlgen's client does. Returns (sampled tokens, samples per request)."""
+                   sampling: dict[str, Any], reply: str, env: Callable[..., Any] | None = None,
+                   data: Sequence[Any] | None = None, pool: Executor | None = None,
+                   rid: str | None = None) -> tuple[int, list[int]]:
+    """What a user writes without rlgen (~40 lines of aiohttp, TRL's pattern), timed from the chats
+    as an episodes call is: each chat's ids rendered by the tokenizer (n histories a chat,
+    prompt-major) and the fixed reply's template delta rendered once (the reply is the same every
+    turn); then per turn ONE POST /generate of every running history as `input_ids` (one
+    `sampling_params` for all, `return_logprob`); with `env`, every running episode's step at once
+    (`asyncio.gather`; a sync `env` on `pool`), the episode given `data[e]` and its messages (the
+    answer's text as the assistant's), ending where it says "done"; and each history += the sampled
+    ids, + EOS when the turn did not end with it, + the delta. JSON by orjson, as rlgen's client;
+    the cyclic GC paused while an answer is decoded, as rlgen's client does. `rid`: each item's rid
+    is `f"{rid}{e}-{turn}"` (episode e, turn 0, 1, ...; none without it). Returns (sampled tokens,
+    samples per request)."""
     import gc
 
     import aiohttp
@@ -154,14 +317,18 @@ async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], token
 
     eos = tokenizer.eos_token_id
     delta = message_delta_ids(tokenizer, [{"role": "user", "content": reply}])
-    first = [tokenizer.apply_chat_template([dict(m) for m in chat], add_generation_prompt=True, tokenize=True,
-                                           return_dict=False) for chat in chats]
+    first = _first_ids(chats, tokenizer)
     ids = [list(f) for f in first for _ in range(n)]
+    messages = [[dict(m) for m in chat] for chat in chats for _ in range(n)] if env is not None else []
     logprobs: list[list[Any]] = [[] for _ in ids]  # kept, as a trainer needs them
+    running = list(range(len(ids)))
     sampled, sizes = 0, []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         for turn in range(turns):
-            body = orjson.dumps({"input_ids": ids, "sampling_params": sampling, "return_logprob": True})
+            payload = {"input_ids": [ids[e] for e in running], "sampling_params": sampling, "return_logprob": True}
+            if rid is not None:
+                payload["rid"] = [f"{rid}{e}-{turn}" for e in running]
+            body = orjson.dumps(payload)
             async with session.post(url + "/generate", data=body, headers={"Content-Type": "application/json"}) as r:
                 raw = await r.read()
                 if r.status >= 400:
@@ -171,35 +338,133 @@ async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], token
                 answers = orjson.loads(raw)
             finally:
                 gc.enable()
-            if not isinstance(answers, list) or len(answers) != len(ids):
-                raise RuntimeError(f"/generate answered {type(answers).__name__} for {len(ids)} histories")
+            if not isinstance(answers, list) or len(answers) != len(running):
+                raise RuntimeError(f"/generate answered {type(answers).__name__} for {len(running)} histories")
             sizes.append(len(answers))
-            for history, kept, answer in zip(ids, logprobs, answers):
+            for e, answer in zip(running, answers):
                 out = answer["output_ids"]
                 sampled += len(out)
-                kept.extend(answer["meta_info"]["output_token_logprobs"])
-                if turn + 1 < turns:
-                    history += out + ([] if out and out[-1] == eos else [eos]) + delta
+                logprobs[e].extend(answer["meta_info"]["output_token_logprobs"])
+                if env is not None:
+                    messages[e].append({"role": "assistant", "content": answer["text"]})
+            if env is not None:
+                said = await asyncio.gather(*(_env_step(env, messages[e], data[e] if data else None, pool)
+                                              for e in running))
+                going = []
+                for e, answer, reply_e in zip(running, answers, said):
+                    if reply_e is None or reply_e == "done":
+                        continue
+                    messages[e].append({"role": "user", "content": reply_e})
+                    going.append(e)
+                    out = answer["output_ids"]
+                    ids[e] += out + ([] if out and out[-1] == eos else [eos]) + _delta_of(tokenizer, reply_e, reply, delta)
+                running = going
+                if not running:
+                    break
+            elif turn + 1 < turns:
+                for e, answer in zip(running, answers):
+                    out = answer["output_ids"]
+                    ids[e] += out + ([] if out and out[-1] == eos else [eos]) + delta
     return sampled, sizes
 
 
+def _delta_of(tokenizer: Any, said: str, reply: str, delta: list[int]) -> list[int]:
+    """The template delta of the environment's reply: the one rendered once when it is the fixed
+    reply (always, in this bench), else rendered now."""
+    if said == reply:
+        return delta
+    from rlgen.episodes import message_delta_ids
+
+    return message_delta_ids(tokenizer, [{"role": "user", "content": said}])
+
+
+async def per_episode(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any, *, n: int, turns: int,
+                      sampling: dict[str, Any], reply: str, env: Callable[..., Any] | None = None,
+                      data: Sequence[Any] | None = None, pool: Executor | None = None,
+                      rid: str | None = None) -> tuple[int, list[int]]:
+    """What a user writes without rlgen in verl's agent-loop pattern (~40 lines of aiohttp): the
+    same ids and delta as `lockstep` (rendered alike, inside the timing), then one asyncio task per
+    episode, each looping: POST /generate of its own history as `input_ids` (one sample,
+    `return_logprob`); += the sampled ids (+ EOS when the turn did not end with it); with `env`,
+    await its own step (`data[e]`, its messages; a sync `env` on `pool`), ending where it says
+    "done"; += the delta; the next turn. No episode waits for another. One session whose connector
+    has no connection limit (aiohttp's default, 100, would queue the episodes' requests); orjson,
+    and the GC paused while an answer is decoded, as `lockstep`. `rid` as `lockstep`'s. Returns
+    (sampled tokens, samples per request: 1s)."""
+    import gc
+
+    import aiohttp
+    import orjson
+
+    from rlgen.episodes import message_delta_ids
+
+    eos = tokenizer.eos_token_id
+    delta = message_delta_ids(tokenizer, [{"role": "user", "content": reply}])
+    first = _first_ids(chats, tokenizer)
+    starts = [(chat, f) for chat, f in zip(chats, first) for _ in range(n)]
+    sampled = [0] * len(starts)
+    requests = [0] * len(starts)
+    headers = {"Content-Type": "application/json"}
+
+    async def episode(e: int, chat: Sequence[Mapping[str, Any]], ids: list[int],
+                      session: aiohttp.ClientSession) -> None:
+        messages = [dict(m) for m in chat] if env is not None else []
+        logprobs: list[Any] = []  # kept, as a trainer needs them
+        for turn in range(turns):
+            payload = {"input_ids": ids, "sampling_params": sampling, "return_logprob": True}
+            if rid is not None:
+                payload["rid"] = f"{rid}{e}-{turn}"
+            body = orjson.dumps(payload)
+            async with session.post(url + "/generate", data=body, headers=headers) as r:
+                raw = await r.read()
+                if r.status >= 400:
+                    raise RuntimeError(f"/generate failed with HTTP {r.status}: {raw[:300]!r}")
+            gc.disable()
+            try:
+                answer = orjson.loads(raw)
+            finally:
+                gc.enable()
+            if isinstance(answer, list) and len(answer) == 1:
+                answer = answer[0]
+            out = answer["output_ids"]
+            sampled[e] += len(out)
+            requests[e] += 1
+            logprobs.extend(answer["meta_info"]["output_token_logprobs"])
+            if env is not None:
+                messages.append({"role": "assistant", "content": answer["text"]})
+                said = await _env_step(env, messages, data[e] if data else None, pool)
+                if said is None or said == "done":
+                    return
+                messages.append({"role": "user", "content": said})
+                ids += out + ([] if out and out[-1] == eos else [eos]) + _delta_of(tokenizer, said, reply, delta)
+            elif turn + 1 < turns:
+                ids += out + ([] if out and out[-1] == eos else [eos]) + delta
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        await asyncio.gather(*(episode(e, chat, list(ids), session) for e, (chat, ids) in enumerate(starts)))
+    return sum(sampled), [1] * sum(requests)
 # ---------------------------------------------------------------------------------------------
 # Timestamps of an episodes call's requests
 
 
 class RequestLog:
     """Wraps an Engine's HTTP client (`eng._client`) while `installed`: every /generate request is
-    timed (send, answer) and keyed by hash(input_ids + output_ids), which is the episode's ids up to
-    the end of that turn's sampled tokens, so that requests are matched to records afterwards
-    whatever list objects the runner passed. The timed call keeps only references to the payload's
-    and the answer's id lists (neither changes afterwards: the runner sends a copy of its ids);
-    `entries` hashes them when read, after the timing, so that the log adds no per-token work to the
-    call it times. Also counts requests in flight (`peak`)."""
+    timed (send, answer) and keyed by its rid (rlgen names every sample; the records keep each
+    turn's), else by hash(input_ids + output_ids), which is the episode's ids up to the end of that
+    turn's sampled tokens, so that requests are matched to records afterwards whatever list objects
+    the runner passed. A streamed request (`generate_stream`: rlgen's batched turns since fc02ac3)
+    is answered item by item: each item's answer time is when its last chunk (the one with a finish
+    reason) came. The timed call keeps only references to the payload's and the answer's id lists
+    (neither changes afterwards: the runner sends a copy of its ids); `entries` hashes them when
+    read, after the timing, so that the log adds no per-token work to the call it times. Also
+    counts requests in flight (`peak`)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        # (sent, answered, input ids, output ids, SGLang's e2e_latency or None): `entries` once read
-        self._kept: list[tuple[float, float, list[int], list[int], float | None]] = []
+        # (sent, answered, input ids, output ids or None, SGLang's e2e_latency or None, rid or None,
+        # output length): `entries` once read
+        self._kept: list[tuple[float, float, list[int], list[int] | None, float | None, Any, int]] = []
         self.sizes: list[int] = []  # samples per HTTP request, in order (`entries` has one per sample)
         self.in_flight = 0
         self.peak = 0
@@ -209,8 +474,23 @@ class RequestLog:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
-    async def generate(self, payload: dict[str, Any]) -> Any:
+    @staticmethod
+    def _items(payload: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         ids = payload.get("input_ids")
+        inputs = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
+        rid = payload.get("rid")
+        return inputs, rid if isinstance(rid, list) else [rid] * len(inputs)
+
+    def _keep(self, sent: float, answered: float, item: Any, one: Any, rid: Any) -> None:
+        out = one.get("output_ids") if isinstance(one, dict) else None
+        meta = (one.get("meta_info") or {}) if isinstance(one, dict) else {}
+        if isinstance(item, list) and (isinstance(out, list) or isinstance(rid, str)):
+            e2e = meta.get("e2e_latency")
+            length = len(out) if isinstance(out, list) else int(meta.get("completion_tokens") or 0)
+            self._kept.append((sent, answered, item, out, float(e2e) if isinstance(e2e, (int, float)) else None,
+                               rid if isinstance(rid, str) else None, length))
+
+    async def generate(self, payload: dict[str, Any]) -> Any:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         sent, wall_sent = time.perf_counter(), time.time()
@@ -223,19 +503,47 @@ class RequestLog:
             self.batches.append(batch_stamps(answer, sent, answered, wall_sent, time.time()))
         answers = answer if isinstance(answer, list) else [answer]
         self.sizes.append(len(answers))
-        inputs = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
-        for one, item in zip(answers, inputs):  # a batch's samples share its send and answer times
-            out = one.get("output_ids") if isinstance(one, dict) else None
-            if isinstance(item, list) and isinstance(out, list):
-                e2e = (one.get("meta_info") or {}).get("e2e_latency")
-                self._kept.append((sent, answered, item, out, float(e2e) if isinstance(e2e, (int, float)) else None))
+        inputs, rids = self._items(payload)
+        for one, item, rid in zip(answers, inputs, rids):  # a batch's samples share its send and answer times
+            self._keep(sent, answered, item, one, rid)
         return answer
 
+    async def generate_stream(self, payload: dict[str, Any]) -> Any:
+        """The client's streamed /generate, passed through chunk by chunk; each item's answer time is
+        its finishing chunk's arrival (read before the chunk is handed on: the runner changes it)."""
+        inputs, rids = self._items(payload)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        sent, wall_sent = time.perf_counter(), time.time()
+        finals: dict[int, tuple[float, dict[str, Any]]] = {}
+        try:
+            async for chunk in self._client.generate_stream(payload):
+                if isinstance(chunk, dict):
+                    index, meta = chunk.get("index", 0), chunk.get("meta_info") or {}
+                    if isinstance(index, int) and meta.get("finish_reason") is not None:
+                        out = chunk.get("output_ids")
+                        finals[index] = (time.perf_counter(), {
+                            "meta_info": dict(meta),
+                            "output_ids": out if isinstance(out, list) and len(out) == meta.get("completion_tokens")
+                            else None})
+                yield chunk
+        finally:
+            self.in_flight -= 1
+        self.sizes.append(len(inputs))
+        for index, (answered, one) in sorted(finals.items()):
+            if index < len(inputs):
+                self._keep(sent, answered, inputs[index], one, rids[index])
+        if len(inputs) > 1 and finals:
+            last = max(t for t, _ in finals.values())
+            self.batches.append(batch_stamps([one for _, one in finals.values()], sent, last, wall_sent,
+                                             wall_sent + last - sent))
+
     @property
-    def entries(self) -> list[tuple[float, float, int, int, int, float | None]]:
-        """Per sample: (sent, answered, key, input length, output length, SGLang's e2e_latency or None)."""
-        return [(sent, answered, hash((*item, *out)), len(item), len(out), e2e)
-                for sent, answered, item, out, e2e in self._kept]
+    def entries(self) -> list[tuple[float, float, Any, int, int, float | None]]:
+        """Per sample: (sent, answered, key, input length, output length, SGLang's e2e_latency or
+        None); the key is the sample's rid where it had one, else hash(input ids + output ids)."""
+        return [(sent, answered, rid if rid is not None else hash((*item, *(out or ()))), len(item), length, e2e)
+                for sent, answered, item, out, e2e, rid, length in self._kept]
 
     @contextmanager
     def installed(self, eng: Any) -> Iterator[RequestLog]:
@@ -325,15 +633,17 @@ def episode_times(records: Sequence[Any], log: RequestLog | None, t0: float) -> 
     (request span less SGLang's e2e_latency, where it said)."""
     if log is None:
         return [None] * len(records)
-    by_key: dict[int, list[tuple[float, float, int, int, int, float | None]]] = {}
+    by_key: dict[Any, list[tuple[float, float, Any, int, int, float | None]]] = {}
     for entry in log.entries:
         by_key.setdefault(entry[2], []).append(entry)
     out: list[dict[str, Any] | None] = []
     for r in records:
         spans = _assistant_spans(r.roles)
+        rids = [t.get("rid") for t in r.turns if t.get("role") == "assistant"]
         found = []
-        for _, end in spans:
-            candidates = by_key.get(hash(tuple(r.ids[:end])))
+        for k, (_, end) in enumerate(spans):
+            rid = rids[k] if k < len(rids) else None
+            candidates = by_key.get(rid) if rid in by_key else by_key.get(hash(tuple(r.ids[:end])))
             if not candidates:
                 break
             found.append(candidates.pop(0))
@@ -462,7 +772,176 @@ def wrong_outcome(details: Sequence[dict[str, Any]], expected_statuses: str = "d
 
 
 # ---------------------------------------------------------------------------------------------
+# The wait after each environment step
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank q-quantile (0 < q <= 1) of non-empty `values`."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def waits(arrived: Sequence[Sequence[float | None] | None], ended: Mapping[tuple[int, int], float], *,
+          source: str) -> dict[str, Any]:
+    """The wait after each environment step: for episode e and assistant turn k (1-based) whose
+    step ended at `ended[(e, k)]` and whose request for turn k+1 arrived at the server at
+    `arrived[e][k]` (0-based: the request of turn k+1; time.monotonic()), the seconds between the
+    two. Its p50, p99, max, mean, how many exceed 100 ms, per turn (the turn of the request that
+    waited: 2..T) its p50 and max, and the timeline itself (`timeline`: per episode, `arrived` and
+    `env_end` in seconds since the run's first arrival, 0.1 ms; None where a request was not
+    seen). `source` says where the arrivals came from."""
+    gaps: list[float] = []
+    per_turn: dict[int, list[float]] = {}
+    firsts = [t for times in arrived if times for t in times[:1] if t is not None]
+    origin = min(firsts) if firsts else 0.0
+    timeline: dict[str, list[list[float | None]]] = {"arrived": [], "env_end": []}
+    by_episode = _ended_by_episode(ended)
+    for e, times in enumerate(arrived):
+        times = times or []
+        ends = by_episode.get(e, {})
+        timeline["arrived"].append([None if t is None else round(t - origin, 4) for t in times])
+        timeline["env_end"].append([round(ends[k] - origin, 4) for k in sorted(ends)])
+        for k in range(1, len(times)):
+            end, t = ends.get(k), times[k]
+            if end is None or t is None:
+                continue
+            gaps.append(t - end)
+            per_turn.setdefault(k + 1, []).append(t - end)
+    out: dict[str, Any] = {"source": source, "n": len(gaps), "episodes": sum(1 for t in arrived if t)}
+    if gaps:
+        out.update(p50_ms=1e3 * _percentile(gaps, 0.5), p99_ms=1e3 * _percentile(gaps, 0.99),
+                   max_ms=1e3 * max(gaps), mean_ms=1e3 * statistics.fmean(gaps),
+                   over_100ms=sum(g > 0.1 for g in gaps),
+                   per_turn={str(k): {"p50_ms": 1e3 * _percentile(v, 0.5), "max_ms": 1e3 * max(v)}
+                             for k, v in sorted(per_turn.items())})
+    out["timeline"] = timeline
+    return out
+
+
+def _ended_by_episode(ended: Mapping[tuple[int, int], float]) -> dict[int, dict[int, float]]:
+    out: dict[int, dict[int, float]] = {}
+    for (e, k), t in ended.items():
+        out.setdefault(e, {})[k] = t
+    return out
+
+
+def record_arrivals(records: Sequence[Any], arrived: Mapping[str, float], episodes: int
+                    ) -> list[list[float | None] | None]:
+    """Per episode (its data's `episode`), when each of its assistant turns' requests arrived at the
+    server, by the turn's rid (`arrived`: rid -> time; None where the rid was not seen)."""
+    out: list[list[float | None] | None] = [None] * episodes
+    for r in records:
+        e = r.data.get("episode") if isinstance(r.data, Mapping) else None  # a numpy int, read back from the rows
+        if isinstance(e, numbers.Integral) and 0 <= int(e) < episodes:
+            out[int(e)] = [arrived.get(t.get("rid")) for t in r.turns if t.get("role") == "assistant"]
+    return out
+
+
+def anchor_arrivals(prefix: str, arrived: Mapping[str, float], episodes: int, turns: int
+                    ) -> list[list[float | None] | None]:
+    """The same for an anchor that named its items `f"{prefix}{e}-{turn}"`."""
+    out: list[list[float | None] | None] = []
+    for e in range(episodes):
+        times = [arrived.get(f"{prefix}{e}-{k}") for k in range(turns)]
+        while times and times[-1] is None:
+            times.pop()
+        out.append(times or None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Measuring
+
+
+def scenario_of(name: str, args: argparse.Namespace, size: Mapping[str, int], *, episodes: int,
+                repeats: int) -> Scenario:
+    """The workload `name` with the sizes and the command line's latencies (drawn for `repeats`
+    repeats, the timeline runs' among them)."""
+    T = size["turns"]
+    if name == "fixed":
+        return Scenario(name, T, size["turn_tokens"], ignore_eos=not args.eos)
+    latency = StepLatency(T, episodes=episodes, repeats=repeats, env_s=args.env_ms / 1e3,
+                          tail_share=args.tail_share if name == "eos-longtail" else 0.0, tail_s=args.tail_s,
+                          sync=args.sync_env)
+    return Scenario(name, T, size["max_new_tokens"], ignore_eos=False, latency=latency)
+
+
+def describe(sc: Scenario, size: Mapping[str, int], sync_env: bool) -> str:
+    n_ep = size["prompts"] * size["n"]
+    head = f"{size['prompts']} chat prompts x n={size['n']} = {n_ep} episodes x {sc.turns} turns "
+    if sc.latency is None:
+        K = sc.max_new_tokens
+        text = head + (f"x {K} tokens (ignore_eos, T=1)" if sc.ignore_eos else f"x up to {K} tokens (ending at EOS, T=1)")
+        text += f"; the environment answers at once; generate: the same prompts, {sc.turns * K} tokens"
+    else:
+        lat = sc.latency
+        text = head + f"x up to {sc.max_new_tokens} tokens (ending at EOS, T=1); each environment step sleeps "
+        text += (f"{1e3 * lat.tail_s:g} ms for {100 * lat.tail_share:g}% of the steps, else " if lat.tail_share else "")
+        text += f"uniform 0-{1e3 * lat.env_s:g} ms (seeded per repeat, episode and turn)"
+    return text + ("; the environment a plain function" if sync_env else "")
+
+
+class Tools:
+    """What measuring keeps across workloads: the Engine, the sync environments' thread pool for the
+    anchors, and (made on first use) the timeline proxy in front of the server with an Engine
+    attached through it."""
+
+    def __init__(self, eng: Any, pool: Executor | None) -> None:
+        self.eng, self.pool = eng, pool
+        self.proxy: Any = None
+        self.proxy_url: str | None = None
+        self.proxy_eng: Any = None
+
+    def through_proxy(self) -> Any:
+        if self.proxy_eng is None:
+            self.proxy, self.proxy_url = start_helper("_timeline_proxy.py", self.eng.url)
+            import rlgen
+
+            self.proxy_eng = rlgen.Engine.connect(self.proxy_url, progress=False)
+        return self.proxy_eng
+
+    def arrivals(self) -> dict[str, float]:
+        """rid -> when its request arrived at the proxy, for the requests since the last call."""
+        import orjson
+
+        status, body = C.http_request(self.proxy_url or "", "/_timeline", timeout=60)
+        if status != 200:
+            raise RuntimeError(f"the timeline proxy answered HTTP {status}")
+        return {rid: t for t, rids in orjson.loads(body) for rid in rids if isinstance(rid, str)}
+
+    def close(self) -> None:
+        if self.proxy_eng is not None:
+            self.proxy_eng.close()
+        if self.proxy is not None:
+            self.proxy.kill()
+            self.proxy.wait()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+
+
+def start_helper(script: str, *argv: str) -> tuple[Any, str]:
+    """Start bench/<script> with `argv` and a free port (its last argument); (process, its URL) once
+    its /health answers (the instant server's, or the upstream's through the proxy)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / script), *argv, str(port)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(400):
+        try:
+            if C.http_request(url, "/health", timeout=2)[0] == 200:
+                return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"bench/{script} did not start")
 
 
 def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
@@ -470,61 +949,140 @@ def measure(args: argparse.Namespace, model: str, record: C.Record) -> None:
     from rlgen.episodes import first_prompt_ids
 
     size = record["sizes"]
-    T, K = size["turns"], size["turn_tokens"]
-    C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
+    attached = bool(args.server)
     t0 = time.monotonic()
-    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"),
-                       server_args=shlex.split(args.server_args))
+    if attached:
+        C.log(f"attaching to {args.server} (rlgen.Engine.connect) ...")
+        eng = rlgen.Engine.connect(args.server, progress=False)
+    else:
+        C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
+        eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"),
+                           server_args=shlex.split(args.server_args))
+    n_ep = size["prompts"] * size["n"]
+    tools = Tools(eng, ThreadPoolExecutor(max_workers=n_ep, thread_name_prefix="anchor-env") if args.sync_env else None)
     try:
-        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "argv": eng.info.get("command"),
-                            "max_total_num_tokens": eng.server_info.get("max_total_num_tokens")}
+        record["server"] = {"start_s": time.monotonic() - t0, "url": eng.url, "attached": attached,
+                            "argv": (eng.info or {}).get("command"),
+                            "max_total_num_tokens": (eng.server_info or {}).get("max_total_num_tokens")}
         C.log(f"server ready in {record['server']['start_s']:.1f} s at {eng.url}")
-        # rlgen freezes the garbage collector of a server it launches (server/_process): the log says so
-        record["server"]["gc_frozen"] = frozen = gc_freeze_lines(C.logs_dir(args.out, "server"))
-        C.log(f"server's GC frozen: {len(frozen)} processes" if frozen else "server's GC NOT frozen (no such log line)")
+        if not attached:  # rlgen freezes the garbage collector of a server it launches (server/_process)
+            record["server"]["gc_frozen"] = frozen = gc_freeze_lines(C.logs_dir(args.out, "server"))
+            C.log(f"server's GC frozen: {len(frozen)} processes" if frozen else "server's GC NOT frozen (no such log line)")
         prompts = chats(size["prompts"])
         ids = [first_prompt_ids(eng.tokenizer, chat) for chat in prompts]
-        n_ep = size["prompts"] * size["n"]
         max_in_flight = args.max_in_flight or n_ep
-        ignore_eos = not args.eos
-        wl = C.Workload(name="episodes", prompts=ids,
-                        options={"max_new_tokens": T * K, "temperature": 1.0, "ignore_eos": ignore_eos}, n=size["n"],
-                        describe=f"{size['prompts']} chat prompts x n={size['n']} = {n_ep} episodes x {T} turns "
-                                 + (f"x {K} tokens (ignore_eos, T=1)" if ignore_eos else
-                                    f"x up to {K} tokens (ending at EOS, T=1)")
-                                 + f"; generate: the same prompts, {T * K} tokens"
-                                 + ("; the environment a plain function" if args.sync_env else ""))
-        record["workload"] = {**wl.summary(), "max_in_flight": max_in_flight, "reply": REPLY,
-                              "sync_env": args.sync_env, "first_prompt_tokens": [len(p) for p in ids]}
-        record.save()
-        pending: dict[str, Any] = {}
-        methods = timed_methods(eng, prompts, pending, turns=T, turn_tokens=K, ignore_eos=ignore_eos,
-                                max_in_flight=max_in_flight, sync_env=args.sync_env, split_batch=args.split_batch)
-        methods = {name: run for name, run in methods.items() if name in args.methods}
+        repeats = C.repeats_of(args)
+        for name in args.workload:
+            sc = scenario_of(name, args, size, episodes=n_ep, repeats=repeats + args.timeline_runs)
+            K = sc.max_new_tokens
+            wl = C.Workload(name=name, prompts=ids, n=size["n"], describe=describe(sc, size, args.sync_env),
+                            options={"max_new_tokens": sc.turns * K, "temperature": 1.0, "ignore_eos": True})
+            entry = record["workloads"][name] = {
+                "workload": {**wl.summary(), "max_in_flight": max_in_flight, "reply": REPLY, "sync_env": args.sync_env,
+                             "first_prompt_tokens": [len(p) for p in ids], "turns": sc.turns,
+                             "max_new_tokens": K, "ignore_eos": sc.ignore_eos, "anchor_sampling": sc.sampling,
+                             "latency": sc.latency.summary() if sc.latency else None},
+                "results": {}}
+            C.log(f"workload {name}: {wl.describe}")
+            record.save()
+            try:
+                run_workload(tools, args, record, entry, sc, wl, prompts, max_in_flight=max_in_flight,
+                             repeats=repeats)
+                if sc.latency is not None and args.timeline_runs:
+                    timeline_runs(tools, args, record, entry, sc, wl, prompts, max_in_flight=max_in_flight,
+                                  first_repeat=repeats)
+            except Exception as err:  # report what there is, go on with the next workload
+                entry["error"] = f"{type(err).__name__}: {err}"
+                C.log(f"workload {name} FAILED: {entry['error']}")
+            record.save()
+    finally:
+        C.log("closing the server" if not attached else "detaching from the server")
+        tools.close()
+        eng.close()
 
-        def after_each(partial: dict[str, Any]) -> None:
-            name, res, log, start = pending.pop("last", (None, None, None, 0.0))
-            if name in ("episodes", "episodes-single", "episodes-split") and partial[name]["runs"]:
-                partial[name]["runs"][-1]["details"] = analyse(res.records, log, start, turns=T, turn_tokens=K)
-            elif name == "generate" and partial[name]["runs"] and log is not None:
-                partial[name]["runs"][-1]["details"] = {"phases": turn_phases(log.batches)}
-            elif name == "lockstep" and partial[name]["runs"]:
-                partial[name]["runs"][-1]["details"] = {"request_sizes": res}
-            record["results"] = partial
+
+def run_workload(tools: Tools, args: argparse.Namespace, record: C.Record, entry: dict[str, Any], sc: Scenario,
+                 wl: C.Workload, prompts: Sequence[Any], *, max_in_flight: int, repeats: int) -> None:
+    """One workload's interleaved runs; every run analysed and saved as it ends."""
+    eng = tools.eng
+    size = record["sizes"]
+    pending: dict[str, Any] = {}
+    methods = timed_methods(eng, prompts, pending, sc, max_in_flight=max_in_flight, sync_env=args.sync_env,
+                            split_batch=args.split_batch, pool=tools.pool)
+    methods = {name: run for name, run in methods.items() if name in args.methods}
+
+    def after_each(partial: dict[str, Any]) -> None:
+        name, got, log, start = pending.pop("last", (None, None, None, 0.0))
+        runs = (partial.get(name) or {}).get("runs")
+        if not runs:
+            pass
+        elif name in RLGEN_METHODS:
+            runs[-1]["details"] = analyse(got.records, log, start, turns=sc.turns, turn_tokens=sc.max_new_tokens)
+        elif name == "generate" and log is not None:
+            runs[-1]["details"] = {"phases": turn_phases(log.batches)}
+        elif name == "lockstep":
+            runs[-1]["details"] = {"request_sizes": got}
+        elif name == "per-episode":
+            runs[-1]["details"] = {"requests": len(got)}
+        entry["results"] = partial
+        record.save()
+
+    entry["results"] = C.run_interleaved(methods, wl, repeats=repeats, warmup=wl.head(size["warmup_prompts"]),
+                                         before_each=lambda: C.flush_cache(eng.url), after_each=after_each)
+
+
+def timeline_runs(tools: Tools, args: argparse.Namespace, record: C.Record, entry: dict[str, Any], sc: Scenario,
+                  wl: C.Workload, prompts: Sequence[Any], *, max_in_flight: int, first_repeat: int) -> None:
+    """After the timed runs of an EOS workload, `--timeline-runs` more of each method (not judged),
+    through the timeline proxy: the same call against the same server, one localhost hop further,
+    where each request's arrival is noted; every method's run r meets the latencies of repeat
+    `first_repeat + r`. Each run's `waits` (from the environment's step ends and the arrivals, by
+    rid) go to `entry["timeline"][method]`."""
+    assert sc.latency is not None
+    eng = tools.through_proxy()
+    n_ep = record["sizes"]["prompts"] * record["sizes"]["n"]
+    pending: dict[str, Any] = {}
+    names = [m for m in ("episodes", "episodes-single", "episodes-split", "lockstep", "per-episode") if m in args.methods]
+    methods = timed_methods(eng, prompts, pending, sc, max_in_flight=max_in_flight, sync_env=args.sync_env,
+                            split_batch=args.split_batch, pool=tools.pool, first_repeat=first_repeat,
+                            rid_prefix="timeline")
+    out = entry["timeline"] = {}
+    for r in range(args.timeline_runs):
+        for name in names:
+            C.flush_cache(eng.url)
+            tools.arrivals()  # forget what came before
+            t = time.perf_counter()
+            served = methods[name](wl)
+            seconds = time.perf_counter() - t
+            arrived = tools.arrivals()
+            _, got, _, _ = pending.pop("last")
+            ended = sc.latency.ended
+            if name in RLGEN_METHODS:
+                per_episode_arrivals = record_arrivals(got.records, arrived, n_ep)
+            else:
+                per_episode_arrivals = anchor_arrivals(f"timeline-{name}-{calls_of(methods[name])}-", arrived, n_ep,
+                                                       sc.turns)
+            run = {"repeat": first_repeat + r, "seconds": seconds, "tokens": served.tokens,
+                   "tok_s": served.tokens / seconds if seconds > 0 else None,
+                   "waits": waits(per_episode_arrivals, ended, source="arrival at the server (timeline proxy)")}
+            out.setdefault(name, []).append(run)
+            w = run["waits"]
+            C.log(f"  timeline {name:12s} run {r + 1}/{args.timeline_runs}: wait after env p50 "
+                  f"{C.fmt(w.get('p50_ms'), '.1f')} ms, p99 {C.fmt(w.get('p99_ms'), '.1f')} ms, max "
+                  f"{C.fmt(w.get('max_ms'), '.1f')} ms ({w['n']} waits)")
             record.save()
 
-        record["results"] = C.run_interleaved(methods, wl, repeats=C.repeats_of(args),
-                                              warmup=wl.head(size["warmup_prompts"]),
-                                              before_each=lambda: C.flush_cache(eng.url), after_each=after_each)
-        record.save()
-    finally:
-        C.log("closing the server")
-        eng.close()
+
+def calls_of(run: Callable[..., Any]) -> int:
+    """How many times a method of `timed_methods` has run (its `calls` attribute)."""
+    return int(getattr(run, "calls", 0))
 
 
 def gc_freeze_lines(logs: Path) -> list[str]:
     """The server log's lines that say a process froze its garbage collector (SGLang's "Freezing GC
     in Scheduler process. gen0: ..."), from every log under `logs`."""
+    if not logs.is_dir():
+        return []
     return [line.strip() for path in sorted(logs.rglob("*.log"))
             for line in path.read_text(errors="replace").splitlines() if "Freezing GC in" in line]
 
@@ -532,56 +1090,84 @@ def gc_freeze_lines(logs: Path) -> list[str]:
 @contextmanager
 def split_batches(most: int | None) -> Iterator[None]:
     """While open, the episodes' turn batches hold at most `most` turns each (None: as rlgen sends
-    them). An experiment's switch, not an option of rlgen's: it swaps the batcher class the runner
-    makes for one with a smaller `max_batch`."""
+    them). An experiment's switch, not an option of rlgen's: it swaps the sender class the runner
+    makes (`rlgen.episodes._runner.Sender`, since fc02ac3) for one whose `max_batch` is capped."""
     if most is None:
         yield
         return
-    from rlgen.episodes import _episode
+    from rlgen.episodes import _runner
 
     limit = most
-    original = getattr(_episode, "TurnBatcher")  # noqa: B009 - the runner's module, not its public surface
+    original = getattr(_runner, "Sender")  # noqa: B009 - the runner's module, not its public surface
 
     class Split(original):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: Any, max_batch: int = 256, **kwargs: Any) -> None:
-            super().__init__(*args, max_batch=min(max_batch, limit), **kwargs)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.max_batch = min(self.max_batch, limit)
 
-    setattr(_episode, "TurnBatcher", Split)  # noqa: B010
+    setattr(_runner, "Sender", Split)  # noqa: B010
     try:
         yield
     finally:
-        setattr(_episode, "TurnBatcher", original)  # noqa: B010
+        setattr(_runner, "Sender", original)  # noqa: B010
 
 
-def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], *, turns: int, turn_tokens: int,
-                  ignore_eos: bool, max_in_flight: int, sync_env: bool,
-                  split_batch: int = 64) -> dict[str, Callable[[C.Workload], C.Served]]:
-    """The timed methods on one Engine; each leaves (name, what to analyse, its RequestLog, its
-    start) in `pending["last"]` for `after_each`."""
-    import asyncio
+def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], sc: Scenario, *, max_in_flight: int,
+                  sync_env: bool, split_batch: int = 64, pool: Executor | None = None, first_repeat: int = -1,
+                  rid_prefix: str | None = None) -> dict[str, Callable[[C.Workload], C.Served]]:
+    """The timed methods of one workload on one Engine; each leaves (name, what to analyse, its
+    RequestLog, its start) in `pending["last"]` for `after_each`. Each counts its own calls (its
+    `calls` attribute): the first meets the latencies of repeat `first_repeat` (-1: the warm-up),
+    the next `first_repeat + 1`, ... (`StepLatency.begin`). `rid_prefix`: the anchors name their
+    items `f"{rid_prefix}-{method}-{call}-{episode}-{turn}"` (`anchor_arrivals`)."""
+    T, K, lat = sc.turns, sc.max_new_tokens, sc.latency
+    env = lat.function if lat is not None else fixed_reply(T, sync=sync_env)
 
-
-    env = fixed_reply(turns, sync=sync_env)
+    def counted(run: Callable[[C.Workload], C.Served]) -> Callable[[C.Workload], C.Served]:
+        def wrapped(w: C.Workload) -> C.Served:
+            wrapped.calls += 1  # type: ignore[attr-defined]
+            if lat is not None:
+                lat.begin(first_repeat + wrapped.calls - 1)  # type: ignore[attr-defined]
+            return run(w)
+        wrapped.calls = 0  # type: ignore[attr-defined]
+        return wrapped
 
     def episodes_of(name: str, batch_turns: bool, split: int | None = None) -> Callable[[C.Workload], C.Served]:
         def run(w: C.Workload) -> C.Served:
+            chosen = prompts[: len(w.prompts)]
+            if lat is None:
+                call: dict[str, Any] = {"n": w.n}
+            else:  # each episode its own prompt entry, its index as data: the same chats, prompt-major
+                chosen = [chat for chat in chosen for _ in range(w.n)]
+                call = {"n": 1, "data": [{"episode": e} for e in range(len(chosen))]}
             log = RequestLog(eng._client)
             start = time.perf_counter()
             with log.installed(eng), split_batches(split):
-                res = eng.episodes(prompts[: len(w.prompts)], env=env, n=w.n, max_turns=turns,
-                                   max_new_tokens=turn_tokens, temperature=1.0, ignore_eos=ignore_eos,
-                                   progress=False, max_in_flight=max_in_flight, batch_turns=batch_turns)
+                res = eng.episodes(chosen, env=env, max_turns=T, max_new_tokens=K, temperature=1.0,
+                                   ignore_eos=sc.ignore_eos, progress=False, max_in_flight=max_in_flight,
+                                   batch_turns=batch_turns, **call)
             df = res.df
             pending["last"] = (name, res, log, start)  # its records are read after the timing
             return C.Served(int(df["sampled_tokens"].sum()))
-        return run
+        return counted(run)
 
-    def run_lockstep(w: C.Workload) -> C.Served:
-        sampling = {"max_new_tokens": turn_tokens, "temperature": 1.0, "ignore_eos": ignore_eos}
-        sampled, sizes = asyncio.run(lockstep(eng.url, prompts[: len(w.prompts)], eng.tokenizer, n=w.n, turns=turns,
-                                              sampling=sampling, reply=REPLY))
-        pending["last"] = ("lockstep", sizes, None, 0.0)
-        return C.Served(sampled)
+    def anchor(name: str) -> Callable[[C.Workload], C.Served]:
+        loop = lockstep if name == "lockstep" else per_episode
+
+        def run(w: C.Workload) -> C.Served:
+            chosen = prompts[: len(w.prompts)]
+            extra: dict[str, Any] = {}
+            if lat is not None:
+                extra = {"env": env, "data": [{"episode": e} for e in range(len(chosen) * w.n)],
+                         "pool": pool if sync_env else None}
+            if rid_prefix is not None:
+                extra["rid"] = f"{rid_prefix}-{name}-{counting.calls}-"  # type: ignore[attr-defined]
+            sampled, sizes = asyncio.run(loop(eng.url, chosen, eng.tokenizer, n=w.n, turns=T, sampling=sc.sampling,
+                                              reply=REPLY, **extra))
+            pending["last"] = (name, sizes, None, 0.0)
+            return C.Served(sampled)
+        counting = counted(run)
+        return counting
 
     def run_generate(w: C.Workload) -> C.Served:
         log = RequestLog(eng._client)
@@ -591,9 +1177,12 @@ def timed_methods(eng: Any, prompts: Sequence[Any], pending: dict[str, Any], *, 
         pending["last"] = ("generate", None, log, 0.0)
         return C.Served(int(df["completion_tokens"].sum()), C.server_span(df["request_latency_s"].tolist()))
 
-    return {"episodes": episodes_of("episodes", True), "episodes-single": episodes_of("episodes-single", False),
-            "episodes-split": episodes_of("episodes-split", True, split_batch),
-            "lockstep": run_lockstep, "generate": run_generate}
+    out = {"episodes": episodes_of("episodes", True), "episodes-single": episodes_of("episodes-single", False),
+           "episodes-split": episodes_of("episodes-split", True, split_batch),
+           "lockstep": anchor("lockstep"), "per-episode": anchor("per-episode")}
+    if sc.name == "fixed":  # one single-turn call of the same tokens: only where every turn has K tokens
+        out["generate"] = run_generate
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,28 +1197,79 @@ def _span(iv: tuple[float, float] | None, spec: str = ".3f") -> str:
     return f"{iv[0]:{spec}}-{iv[1]:{spec}}" if iv else "-"
 
 
+def workloads_of(record: C.Record) -> dict[str, dict[str, Any]]:
+    """The record's workloads, {name: {"workload", "results", ...}}; a record from before workloads
+    (2026-12-05r and earlier: one `results`) is its one workload, "fixed"."""
+    data = record.data
+    if data.get("workloads"):
+        return data["workloads"]  # type: ignore[no-any-return]
+    if data.get("results"):
+        data["workloads"] = {"fixed": {"workload": data.get("workload") or {}, "results": data["results"]}}
+        return data["workloads"]  # type: ignore[no-any-return]
+    return {}
+
+
 def report(record: C.Record) -> None:
-    results: dict[str, Any] = record.data.get("results") or {}
-    if not results:
+    workloads = workloads_of(record)
+    if not any(entry.get("results") for entry in workloads.values()):
         print("nothing was measured" + (f": {record.data['error']}" if record.data.get("error") else ""), flush=True)
         return
-    workload = record.data.get("workload") or {}
-    print(f"\nworkload: {workload.get('describe')}; max_in_flight {workload.get('max_in_flight')}", flush=True)
+    record["summary"], checks = {}, []
+    for name, entry in workloads.items():
+        checks.append(report_workload(record, name, entry))
+    print("\ntargets", flush=True)
+    targets = C.Targets()
+    for check in checks:
+        check(targets)
+    record["targets"] = targets.rows
+
+
+def report_workload(record: C.Record, name: str, entry: dict[str, Any]) -> Callable[[C.Targets], None]:
+    """One workload's tables, ratios and waits (printed; its summary into the record); returns the
+    check of its targets, run once every workload is printed."""
+    results: dict[str, Any] = entry.get("results") or {}
+    workload = entry.get("workload") or {}
+    print(f"\n===== workload {name}: {workload.get('describe')}; max_in_flight {workload.get('max_in_flight')}",
+          flush=True)
+    if entry.get("error"):
+        print(f"  ERROR {entry['error']}", flush=True)
     rows = []
-    for name in METHODS:
-        runs = (results.get(name) or {}).get("runs") or []
+    for method in METHODS:
+        runs = (results.get(method) or {}).get("runs") or []
+        if not runs and method not in results:
+            continue
         toks = [r["tok_s"] for r in runs]
-        rows.append([name, str(len(runs)), C.fmt(C.median_or_none(toks)), _span(_interval_of(toks), ",.0f"),
+        rows.append([method, str(len(runs)), C.fmt(C.median_or_none(toks)), _span(_interval_of(toks), ",.0f"),
                      C.fmt(C.median_or_none([r["seconds"] for r in runs]), ".3f"),
                      C.fmt(C.median_or_none([r["tokens"] for r in runs]))])
-    C.print_table("sampled tokens/s (medians of interleaved runs, each after a prefix-cache flush; 90% bootstrap "
-                  "interval of the median)", ["method", "runs", "tok/s", "interval", "wall s", "tokens"], rows)
-    for name in METHODS:
-        if (results.get(name) or {}).get("error"):
-            print(f"  ERROR {name}: {results[name]['error']}", flush=True)
+    C.print_table(f"{name}: sampled tokens/s (medians of interleaved runs, each after a prefix-cache flush; 90% "
+                  "bootstrap interval of the median)", ["method", "runs", "tok/s", "interval", "wall s", "tokens"], rows)
+    for method in METHODS:
+        if (results.get(method) or {}).get("error"):
+            print(f"  ERROR {method}: {results[method]['error']}", flush=True)
     details = [r["details"] for r in (results.get("episodes") or {}).get("runs") or [] if r.get("details")]
     source = report_runs(results, details)
-    verdicts(record, results, details, source)
+    summary = ratios(results, details, source)
+    summary["waits"] = report_waits(entry.get("timeline") or {})
+    record["summary"][name] = entry["summary"] = summary
+    entry["comparisons"] = summary.pop("comparisons")
+    eos = name != "fixed" or bool((record.data.get("args") or {}).get("eos"))
+    wrong = wrong_outcome(details, exact_tokens=not eos)
+
+    def check(targets: C.Targets) -> None:
+        if name == "fixed":
+            targets.check_interval("fixed: episodes / the hand-written lockstep loop of the same turns (tok/s)",
+                                   summary["ratio"], summary["ratio_interval"], TARGET_RATIO, wrong=wrong)
+            targets.check_interval("fixed: prefix-cache share of turns 2..T's prompt tokens", summary["cached_share"],
+                                   summary["cached_share_interval"], TARGET_CACHED, unit="")
+            targets.check_interval(f"fixed: rlgen's own time per episode, % of its wall time "
+                                   f"({source or 'not measured'})", summary["own_pct"], summary["own_pct_interval"],
+                                   TARGET_OWN_PCT, op="<", unit="%")
+        else:
+            targets.check_interval(f"{name}: episodes / the better hand-written loop "
+                                   f"({summary.get('better_anchor') or 'none measured'}) (tok/s)",
+                                   summary["ratio_best"], summary["ratio_best_interval"], TARGET_BEST, wrong=wrong)
+    return check
 
 
 def report_runs(results: dict[str, Any], details: Sequence[dict[str, Any]]) -> str | None:
@@ -688,95 +1328,192 @@ def paired_ratios(results: dict[str, Any], ours: str, theirs: str) -> list[float
             if run.get("repeat") is not None and by_repeat.get(run["repeat"])]
 
 
-# (ours, theirs) reported beside the headline, episodes / lockstep
+def versus_best(results: dict[str, Any], ours: str = "episodes", anchors: Sequence[str] = ANCHORS, *,
+                level: float = 0.9, draws: int = 4000, seed: int = 0) -> dict[str, Any] | None:
+    """`ours` against the better of `anchors` (the one of higher median tok/s): the ratio of medians;
+    its percentile bootstrap interval, every draw resampling each method's runs on their own and
+    dividing by the better anchor's median of that draw (so the choice of the better one is part of
+    the interval; None below 3 runs a method); and paired by repeat, each repeat's ratio to the
+    better of that repeat's anchor runs. None when `ours` or every anchor has no runs."""
+    x = C.runs_of(results, [ours], "tok_s")
+    ys = {a: C.runs_of(results, [a], "tok_s") for a in anchors}
+    ys = {a: v for a, v in ys.items() if v}
+    if not x or not ys:
+        return None
+    better = max(ys, key=lambda a: statistics.median(ys[a]))
+    out: dict[str, Any] = {"ours": ours, "anchors": list(ys), "better": better,
+                           "ratio": statistics.median(x) / statistics.median(ys[better]), "interval": None,
+                           "runs": [len(x), *(len(v) for v in ys.values())]}
+    if len(x) >= 3 and all(len(v) >= 3 for v in ys.values()):
+        rng = random.Random(seed)
+        values = sorted(statistics.median(rng.choices(x, k=len(x)))
+                        / max(statistics.median(rng.choices(v, k=len(v))) for v in ys.values())
+                        for _ in range(draws))
+        tail = (1 - level) / 2
+        out["interval"] = (values[int(tail * draws)], values[min(draws - 1, int((1 - tail) * draws))])
+    by_repeat = [{r.get("repeat"): r["tok_s"] for r in results[a]["runs"]} for a in ys]
+    paired = [run["tok_s"] / max(b[run["repeat"]] for b in by_repeat) for run in results[ours]["runs"]
+              if run.get("repeat") is not None and all(b.get(run["repeat"]) for b in by_repeat)]
+    out.update(paired=paired, paired_median=statistics.median(paired) if paired else None,
+               paired_interval=C.bootstrap_median(paired))
+    return out
+
+
+# (ours, theirs) reported beside the judged ratios
 OTHER_RATIOS = (("episodes", "generate"), ("lockstep", "generate"), ("episodes-single", "lockstep"),
-                ("episodes", "episodes-single"), ("episodes-split", "lockstep"), ("episodes-split", "episodes"))
+                ("episodes", "episodes-single"), ("episodes-split", "lockstep"), ("episodes-split", "episodes"),
+                ("per-episode", "lockstep"))
 
 
-def verdicts(record: C.Record, results: dict[str, Any], details: Sequence[dict[str, Any]], source: str | None) -> None:
-    """The ratios (episodes / lockstep the headline), the summary and the targets."""
+def ratios(results: dict[str, Any], details: Sequence[dict[str, Any]], source: str | None) -> dict[str, Any]:
+    """The ratios (printed): episodes / each anchor (ratio of medians with its interval, and paired
+    by repeat), episodes / the better anchor, the others beside them; the summary they make, with
+    the cache and rlgen's own time from the episodes runs' details (`comparisons`: every compare)."""
     def has(name: str) -> bool:
         return bool((results.get(name) or {}).get("runs"))
 
+    summary: dict[str, Any] = {"comparisons": {}}
+    for anchor, key in (("lockstep", "ratio"), ("per-episode", "ratio_per_episode")):
+        judged = C.compare(results, "episodes", [anchor]) if has("episodes") and has(anchor) else None
+        paired = paired_ratios(results, "episodes", anchor) if judged else []
+        paired_iv = C.bootstrap_median(paired)
+        summary.update({key: judged["ratio"] if judged else None, f"{key}_interval": judged["interval"] if judged else None,
+                        f"paired_{key}": statistics.median(paired) if paired else None,
+                        f"paired_{key}_interval": paired_iv})
+        if judged:
+            summary["comparisons"][f"episodes / {anchor}"] = judged
+            print(f"\n  episodes / {anchor}: {C.fmt(judged['ratio'], '.3f')}x [{_span(judged['interval'])}], rank test "
+                  f"p {C.fmt(judged['p'], '.3f')}, runs {judged['runs'][0]} vs {judged['runs'][1]}; paired by repeat: "
+                  + (f"median {statistics.median(paired):.3f}x [{_span(paired_iv)}], {len(paired)} repeats"
+                     if paired else "-"), flush=True)
+    best = versus_best(results)
+    summary.update(better_anchor=best["better"] if best else None, ratio_best=best["ratio"] if best else None,
+                   ratio_best_interval=best["interval"] if best else None,
+                   paired_ratio_best=best["paired_median"] if best else None,
+                   paired_ratio_best_interval=best["paired_interval"] if best else None)
+    if best:
+        summary["comparisons"]["episodes / the better anchor"] = best
+        print(f"  episodes / the better anchor ({best['better']}): {best['ratio']:.3f}x [{_span(best['interval'])}]; "
+              "paired by repeat (each repeat's better anchor): "
+              + (f"median {best['paired_median']:.3f}x [{_span(best['paired_interval'])}]" if best["paired"] else "-"),
+              flush=True)
+    for a, b in OTHER_RATIOS:
+        if has(a) and has(b):
+            other = C.compare(results, a, [b])
+            summary["comparisons"][f"{a} / {b}"] = other
+            print(f"  {a} / {b}: {C.fmt(other['ratio'], '.3f')}x [{_span(other['interval'])}], "
+                  f"rank test p {C.fmt(other['p'], '.3f')}", flush=True)
+    vs_generate = summary["comparisons"].get("episodes / generate")
     cached = [d["cache"]["share"] for d in details if d["cache"]["share"] is not None]
     history = [d["cache"]["history_share"] for d in details if d["cache"]["history_share"] is not None]
     own_pct = [d["own"][source]["pct"] for d in details if source and d["own"].get(source, {}).get("pct") is not None]
     req = [d["own"]["requests"] for d in details if d["own"].get("requests")]
-    headline = C.compare(results, "episodes", ["lockstep"]) if has("episodes") and has("lockstep") else None
-    record["comparison"] = headline
-    if headline:
-        print(f"\n  episodes / lockstep: {C.fmt(headline['ratio'], '.3f')}x [{_span(headline['interval'])}], rank "
-              f"test p {C.fmt(headline['p'], '.3f')}, runs {headline['runs'][0]} vs {headline['runs'][1]}", flush=True)
-    paired = paired_ratios(results, "episodes", "lockstep") if headline else []
-    paired_iv = C.bootstrap_median(paired)
-    if paired_iv:  # not the judged number: the GC stalls are gone, and the drift left is what pairs cancel
-        print(f"  paired by repeat (beside it, not judged): median {statistics.median(paired):.3f}x "
-              f"[{_span(paired_iv)}], {len(paired)} repeats", flush=True)
-    for a, b in OTHER_RATIOS:
-        if has(a) and has(b):
-            other = C.compare(results, a, [b])
-            record.data.setdefault("comparisons", {})[f"{a} / {b}"] = other
-            print(f"  {a} / {b}: {C.fmt(other['ratio'], '.3f')}x [{_span(other['interval'])}], "
-                  f"rank test p {C.fmt(other['p'], '.3f')}", flush=True)
-    vs_generate = (record.data.get("comparisons") or {}).get("episodes / generate")
-    record["summary"] = {
-        "ratio": headline["ratio"] if headline else None, "ratio_interval": headline["interval"] if headline else None,
-        "paired_ratio": statistics.median(paired) if paired else None, "paired_ratio_interval": paired_iv,
+    summary.update({
+        "tok_s": {m: {"median": C.median_or_none([r["tok_s"] for r in results[m]["runs"]]),
+                      "interval": _interval_of([r["tok_s"] for r in results[m]["runs"]])}
+                  for m in METHODS if has(m)},
         "ratio_to_generate": vs_generate["ratio"] if vs_generate else None,
         "ratio_to_generate_interval": vs_generate["interval"] if vs_generate else None,
         "cached_share": C.median_or_none(cached), "cached_share_interval": _interval_of(cached),
         "history_share": C.median_or_none(history), "own_source": source,
         "own_pct": C.median_or_none(own_pct), "own_pct_interval": _interval_of(own_pct),
-        "between_turns_ms": C.median_or_none([r["between_turns_ms_median"] for r in req]),
+        "between_turns_ms": C.median_or_none([r.get("between_turns_ms_median") for r in req]),
         "requests_per_turn": C.median_or_none([len(s) for d in details for s in d.get("turn_requests") or []]),
-    }
-    print("\ntargets", flush=True)
-    targets = C.Targets()
-    wrong = wrong_outcome(details, exact_tokens=not (record.data.get("args") or {}).get("eos"))
-    if headline:
-        targets.check_interval("episodes / the hand-written lockstep loop of the same turns (tok/s)",
-                               headline["ratio"], headline["interval"], TARGET_RATIO, wrong=wrong)
-    targets.check_interval("prefix-cache share of turns 2..T's prompt tokens", C.median_or_none(cached),
-                           _interval_of(cached), TARGET_CACHED, unit="")
-    targets.check_interval(f"rlgen's own time per episode, % of its wall time ({source or 'not measured'})",
-                           C.median_or_none(own_pct), _interval_of(own_pct), TARGET_OWN_PCT, op="<", unit="%")
-    record["targets"] = targets.rows
+    })
+    return summary
+
+
+def report_waits(timeline: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """The wait after each environment step, per method, from the timeline runs (printed;
+    returned): the median over its runs of each run's p50, p99, max and count over 100 ms, the
+    largest over all runs, per turn the median of each run's p50, and the runs' tokens/s (through
+    the proxy; not judged)."""
+    out: dict[str, Any] = {}
+    rows = []
+    for method in METHODS:
+        runs = [r for r in timeline.get(method) or [] if (r.get("waits") or {}).get("n")]
+        if not runs:
+            continue
+        per_run = [r["waits"] for r in runs]
+        turns = sorted({k for w in per_run for k in w["per_turn"]}, key=int)
+        out[method] = w = {
+            "runs": len(per_run), "source": per_run[0]["source"],
+            "p50_ms": C.median_or_none([x["p50_ms"] for x in per_run]),
+            "p99_ms": C.median_or_none([x["p99_ms"] for x in per_run]),
+            "max_ms": C.median_or_none([x["max_ms"] for x in per_run]),
+            "max_ms_all_runs": max(x["max_ms"] for x in per_run),
+            "over_100ms": C.median_or_none([x["over_100ms"] for x in per_run]),
+            "waits_per_run": C.median_or_none([x["n"] for x in per_run]),
+            "per_turn_p50_ms": {k: C.median_or_none([x["per_turn"][k]["p50_ms"] for x in per_run if k in x["per_turn"]])
+                                for k in turns},
+            "tok_s": C.median_or_none([r.get("tok_s") for r in runs]),
+        }
+        rows.append([method, str(w["runs"]), C.fmt(w["p50_ms"], ".1f"), C.fmt(w["p99_ms"], ".1f"),
+                     C.fmt(w["max_ms"], ".1f"), C.fmt(w["max_ms_all_runs"], ".1f"),
+                     f"{C.fmt(w['over_100ms'], '.0f')}/{C.fmt(w['waits_per_run'], '.0f')}",
+                     " ".join(C.fmt(v, ".1f") for v in w["per_turn_p50_ms"].values()), C.fmt(w["tok_s"])])
+    if rows:
+        C.print_table("wait after env, ms (timeline runs, through the proxy that notes each request's arrival; not "
+                      "judged): from an episode's environment step ending to its next request arriving at the server; "
+                      "per run its p50, p99 and max, then the median over runs; max all: over every run; >100 ms: "
+                      "waits over 100 ms / all waits of a run (median); per turn: the p50 of the waits before turn 2, "
+                      "3, ...; lockstep's is its barrier; tok/s: of these runs",
+                      ["method", "runs", "p50", "p99", "max", "max all", ">100 ms", "per turn p50", "tok/s"], rows)
+    return out
 
 
 def main() -> None:
     ap = C.base_parser(__doc__, repeats=REPEATS)
+    ap.add_argument("--workload", type=lambda v: [w.strip() for w in v.split(",") if w.strip()], default=["fixed"],
+                    help=f"the workloads to run, comma-separated, in order, of {','.join(WORKLOADS)} (default fixed)")
     ap.add_argument("--prompts", type=int, default=None, help="chat prompts (default 64; 2 with --quick)")
     ap.add_argument("--n", type=int, default=None, help="episodes per prompt (default 4; 2 with --quick)")
     ap.add_argument("--turns", type=int, default=None, help="assistant turns per episode (default 4)")
-    ap.add_argument("--turn-tokens", type=int, default=None, help="tokens per turn, K (default 64; 4 with --quick)")
+    ap.add_argument("--turn-tokens", type=int, default=None, help="fixed: tokens per turn, K (default 64; 4 with --quick)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="EOS workloads: the most tokens a turn samples before its EOS (default 256; 8 with --quick)")
+    ap.add_argument("--env-ms", type=float, default=ENV_MS,
+                    help=f"EOS workloads: a step sleeps uniform 0-this ms (default {ENV_MS:g})")
+    ap.add_argument("--tail-share", type=float, default=TAIL_SHARE,
+                    help=f"eos-longtail: the share of steps that sleep --tail-s instead (default {TAIL_SHARE:g})")
+    ap.add_argument("--tail-s", type=float, default=TAIL_S, help=f"eos-longtail: a slow step's seconds (default {TAIL_S:g})")
+    ap.add_argument("--timeline-runs", type=int, default=1,
+                    help="EOS workloads: runs of each method after the timed ones, through a proxy that notes when "
+                         "each request arrives, for the wait after each environment step (default 1; 0: none)")
     ap.add_argument("--max-in-flight", type=int, default=None, help="episodes' requests in flight (default: all)")
     ap.add_argument("--sync-env", action="store_true", help="the environment a plain function (rlgen runs "
-                    "each of its steps on a worker thread), not an async def")
-    ap.add_argument("--eos", action="store_true", help="turns end at the model's EOS (at most --turn-tokens): "
+                    "each of its steps on a worker thread; the anchors on a pool of a thread per episode), not an "
+                    "async def")
+    ap.add_argument("--eos", action="store_true", help="fixed: turns end at the model's EOS (at most --turn-tokens): "
                     "lengths differ as real turns' do")
     ap.add_argument("--methods", type=lambda v: [m for m in v.split(",") if m], default=list(DEFAULT_METHODS),
                     help=f"which methods to time, comma-separated, of {','.join(METHODS)} (default "
-                         f"{','.join(DEFAULT_METHODS)})")
+                         f"{','.join(DEFAULT_METHODS)}; generate on the fixed workload only)")
     ap.add_argument("--split-batch", type=int, default=64, help="episodes-split: the most turns a batch part holds")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--enable-mixed-chunk' (SGLang's "
                     "scheduling), recorded with the run")
+    ap.add_argument("--server", default=None, metavar="URL",
+                    help="attach to a running server (rlgen.Engine.connect) instead of launching one (--backend "
+                         "and --server-args unused): e.g. bench/_instant_server.py for a smoke test")
     C.add_report_only(ap)
     args = ap.parse_args()
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown or not args.methods:
         ap.error(f"--methods: {', '.join(unknown) or 'none given'}; choose from {', '.join(METHODS)}")
+    if not args.workload or set(args.workload) - set(WORKLOADS) or len(set(args.workload)) != len(args.workload):
+        ap.error(f"--workload takes distinct names of {', '.join(WORKLOADS)}, comma-separated")
     if C.reported_again(args, report):
         return
-    if args.backend == "sglang":
+    if args.backend == "sglang" and not args.server:
         C.site_flags()  # before the launch: rlgen's Engine reads $RLGEN_SGLANG_ARGS itself
     model = C.model_path(args.model)
     record = C.Record(args.out, args, "bench/episodes.py")
     size = dict(SIZES["quick" if args.quick else "full"])
-    for key in ("prompts", "n", "turns", "turn_tokens"):
+    for key in ("prompts", "n", "turns", "turn_tokens", "max_new_tokens"):
         if getattr(args, key) is not None:
             size[key] = getattr(args, key)
     size["warmup_prompts"] = min(size["warmup_prompts"], size["prompts"])
-    record.data.update(model=model, sizes=size, results={})
+    record.data.update(model=model, sizes=size, workloads={})
     record.save()
     try:
         measure(args, model, record)

@@ -70,10 +70,11 @@ class GcClock:
 
 
 class Timeline:
-    """When an episodes call's requests left and their answers came (rlgen's client's `generate`,
-    wrapped while `on`): per call, `before_first` (from the call to its first request), `between`
-    (each answer to the next request: the client's work on the critical path) and `after_last`
-    (the last answer to the call's return: the last turn's work and the result's building), in ms."""
+    """When an episodes call's requests left and their answers came (rlgen's client's `generate` and
+    `generate_stream`, wrapped while `on`; a streamed batch is answered when its stream ends): per
+    call, `before_first` (from the call to its first request), `between` (each answer to the next
+    request: the client's work on the critical path) and `after_last` (the last answer to the
+    call's return: the last turn's work and the result's building), in ms."""
 
     def __init__(self) -> None:
         self.marks: list[tuple[str, float]] = []
@@ -82,7 +83,7 @@ class Timeline:
     def on(self) -> Iterator[None]:
         from rlgen.client import _http
 
-        original, marks = _http.Client.generate, self.marks
+        original, original_stream, marks = _http.Client.generate, _http.Client.generate_stream, self.marks
 
         async def generate(client: Any, payload: dict[str, Any]) -> Any:
             marks.append(("sent", time.perf_counter()))
@@ -91,13 +92,23 @@ class Timeline:
             finally:
                 marks.append(("answered", time.perf_counter()))
 
+        async def generate_stream(client: Any, payload: dict[str, Any]) -> Any:  # a batched turn since fc02ac3
+            marks.append(("sent", time.perf_counter()))
+            try:
+                async for chunk in original_stream(client, payload):
+                    yield chunk
+            finally:
+                marks.append(("answered", time.perf_counter()))  # the stream's end: its last item answered
+
         self.marks.clear()
         marks.append(("call", time.perf_counter()))
         _http.Client.generate = generate  # type: ignore[method-assign]
+        _http.Client.generate_stream = generate_stream  # type: ignore[method-assign]
         try:
             yield
         finally:
             _http.Client.generate = original  # type: ignore[method-assign]
+            _http.Client.generate_stream = original_stream  # type: ignore[method-assign]
             marks.append(("returned", time.perf_counter()))
 
     def take(self) -> dict[str, Any]:

@@ -295,8 +295,9 @@ def test_episodes_bench_report_judges_the_three_targets(tmp_path: Path, capsys, 
     record = C.Record.load(_episodes_saved(tmp_path, ratio, cached, own_pct, status), out=str(tmp_path / "again.json"))
     eb.report(record)
     assert [t["verdict"] for t in record["targets"]] == verdicts
-    assert record["summary"]["ratio"] == pytest.approx(ratio)  # the headline: episodes / lockstep
-    assert record["summary"]["ratio_to_generate"] == pytest.approx(ratio / 2, rel=1e-3)
+    summary = record["summary"]["fixed"]  # a record from before workloads: its one workload, "fixed"
+    assert summary["ratio"] == pytest.approx(ratio)  # the headline: episodes / lockstep
+    assert summary["ratio_to_generate"] == pytest.approx(ratio / 2, rel=1e-3)
     out = capsys.readouterr().out
     assert "episodes / lockstep" in out and "episodes / generate" in out and "lockstep / generate" in out
     assert "rlgen_s is not in the records" in out
@@ -316,10 +317,11 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["complete"] and "error" not in data
-    episodes, single, lock, generate = (data["results"][m] for m in ("episodes", "episodes-single", "lockstep",
-                                                                     "generate"))
+    results = data["workloads"]["fixed"]["results"]
+    episodes, single, lock, generate = (results[m] for m in ("episodes", "episodes-single", "lockstep", "generate"))
     assert len(episodes["runs"]) == len(single["runs"]) == len(lock["runs"]) == len(generate["runs"]) == 3
     assert not episodes["error"] and not single["error"] and not lock["error"] and not generate["error"]
+    assert all(r["tokens"] == 8 for r in results["per-episode"]["runs"])
     for run in lock["runs"]:  # one request of both episodes per turn, the same sampled tokens
         assert run["tokens"] == 8 and run["details"]["request_sizes"] == [2, 2]
     for run in episodes["runs"]:  # the batched turns: one request per turn here too
@@ -327,13 +329,13 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     for run in episodes["runs"] + single["runs"]:
         d = run["details"]
         assert d["statuses"] == {"done": 2} and d["short_episodes"] == 0
-        assert run["tokens"] == 8 and d["own"]["source"] == "rlgen_s" and d["cache"]["share"] > 0
+        assert run["tokens"] == 8 and d["own"]["source"] == "requests" and d["cache"]["share"] > 0
     for run in single["runs"]:  # one request per turn: the request log times each of them
         d = run["details"]
         assert d["requests"] == 4  # 2 episodes x 2 turns
         assert len(d["per_episode"]["own_s"]) == 2 and None not in d["per_episode"]["own_s"]
     assert all(r["tokens"] == 8 for r in generate["runs"])
-    assert [t["target"].split(" ")[0] for t in data["targets"]] == ["episodes", "prefix-cache", "rlgen's"]
+    assert [t["target"].split(" ")[1] for t in data["targets"]] == ["episodes", "prefix-cache", "rlgen's"]
     assert all(t["interval"] is not None for t in data["targets"])  # three repeats: intervals to judge on
     assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
     assert "targets" in done.stdout and "episodes / the hand-written lockstep loop" in done.stdout
@@ -430,10 +432,10 @@ def test_the_episodes_client_bench_runs_against_its_instant_server(model_path: s
         assert all(r["seconds"] >= 0.1 for r in runs)  # two requests, each answered after 50 ms
     assert data["complete"] and data["summary"]["difference_s"] is not None
     assert "episodes - lockstep" in done.stdout
-    for run in data["results"]["episodes"]["runs"]:  # each call's timeline: two requests, one gap between
-        line = run["timeline"]
-        assert line["requests"] == 2 and len(line["between_ms"]) == 1
-        assert 0 <= line["between_ms"][0] < 50 and line["before_first_ms"] > 0 and line["after_last_ms"] > 0
+    for run in data["results"]["episodes"]["runs"]:  # each call's timeline: two turns, a gap between requests
+        line = run["timeline"]  # (rlgen's sender may send a turn's batch in parts, each streamed: fc02ac3)
+        assert line["requests"] >= 2 and len(line["between_ms"]) == line["requests"] - 1
+        assert max(line["between_ms"]) < 50 and line["before_first_ms"] > 0 and line["after_last_ms"] > 0
     assert set(data["timeline"]) == {"before_first_ms", "between_ms", "after_last_ms"}
 
 
@@ -485,16 +487,16 @@ def test_the_lockstep_anchor_sends_its_chats_rendered_ids_and_grows_each_history
 
 
 def test_the_split_experiment_caps_the_runners_batches_only_while_it_is_open() -> None:
-    from rlgen.episodes import _episode
+    from rlgen.episodes import _runner
 
     eb = _episodes_bench()
-    original = _episode.TurnBatcher
+    original = _runner.Sender
     with eb.split_batches(64):
-        assert _episode.TurnBatcher(None, max_batch=256).max_batch == 64  # type: ignore[arg-type]
-        assert _episode.TurnBatcher(None, max_batch=16).max_batch == 16  # type: ignore[arg-type]
-    assert _episode.TurnBatcher is original
+        assert _runner.Sender(None, max_in_flight=256).max_batch == 64  # type: ignore[arg-type]
+        assert _runner.Sender(None, max_in_flight=16).max_batch == 16  # type: ignore[arg-type]
+    assert _runner.Sender is original
     with eb.split_batches(None):
-        assert _episode.TurnBatcher is original
+        assert _runner.Sender is original
 
 
 def test_the_episodes_bench_pairs_each_repeats_two_methods_so_a_drift_that_moves_both_cancels() -> None:
@@ -509,6 +511,123 @@ def test_the_episodes_bench_pairs_each_repeats_two_methods_so_a_drift_that_moves
     # the medians of all runs do not see the pairing: a 0.9x ratio in both halves reads otherwise
     ratio = C.compare(results, "episodes", ["lockstep"])["ratio"]
     assert ratio == pytest.approx(statistics.median([90.0 * s for s in speed]) / 50.0)
+
+
+def test_the_episodes_bench_draws_each_steps_latency_from_repeat_episode_and_turn_alone() -> None:
+    import asyncio
+
+    eb = _episodes_bench()
+    a = eb.StepLatency(4, episodes=8, repeats=3, tail_share=0.05, tail_s=1.0)
+    b = eb.StepLatency(4, episodes=8, repeats=3, tail_share=0.05, tail_s=1.0)
+    assert a.table == b.table  # seeded: every method, and every process, meets the same latencies
+    assert a.table[0] != a.table[1] and sorted(a.table) == [-1, 0, 1, 2]
+    steps = [a.draw(r, e, t) for r in range(20) for e in range(64) for t in range(1, 5)]
+    tail = sum(x == 1.0 for x in steps) / len(steps)
+    assert 0.03 < tail < 0.07 and all(0.0 <= x <= 0.05 for x in steps if x != 1.0)
+    uniform = eb.StepLatency(4, episodes=8, repeats=3)
+    assert all(0.0 <= x <= 0.05 for rows in uniform.table.values() for row in rows for x in row)
+    uniform.begin(1)
+    assert uniform.latency(3, 2) == uniform.table[1][3][1] == uniform.draw(1, 3, 2)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert asyncio.run(uniform.function(messages, {"episode": 3})) == eb.REPLY
+    assert asyncio.run(uniform.function(messages * 4, {"episode": 3})) == "done"  # its 4th assistant turn
+    assert sorted(uniform.ended) == [(3, 1), (3, 4)]
+    sync = eb.StepLatency(2, episodes=1, repeats=1, sync=True)
+    assert not asyncio.iscoroutinefunction(sync.function) and sync.function(messages, {"episode": 0}) == eb.REPLY
+
+
+def test_the_wait_after_env_runs_from_a_steps_end_to_the_next_requests_arrival() -> None:
+    eb = _episodes_bench()
+    # two episodes of three turns: episode 0's requests arrive 5 ms after its steps end; episode 1's
+    # second request waits 1 s (a barrier), its third is never seen
+    arrived = [[10.0, 11.005, 12.005], [10.0, 12.0, None]]
+    ended = {(0, 1): 11.0, (0, 2): 12.0, (0, 3): 13.0, (1, 1): 11.0, (1, 2): 12.5}
+    w = eb.waits(arrived, ended, source="test")
+    assert w["n"] == 3 and w["episodes"] == 2 and w["over_100ms"] == 1
+    assert w["max_ms"] == pytest.approx(1000.0) and w["p50_ms"] == pytest.approx(5.0)
+    assert w["per_turn"]["2"]["max_ms"] == pytest.approx(1000.0) and w["per_turn"]["3"]["p50_ms"] == pytest.approx(5.0)
+    assert w["timeline"]["arrived"][1] == [0.0, 2.0, None] and w["timeline"]["env_end"][0] == [1.0, 2.0, 3.0]
+    assert eb.waits([None, []], {}, source="none")["n"] == 0
+    by_rid = {"timeline-lockstep-1-0-0": 1.0, "timeline-lockstep-1-0-1": 2.0, "timeline-lockstep-1-1-0": 1.0}
+    assert eb.anchor_arrivals("timeline-lockstep-1-", by_rid, 3, 2) == [[1.0, 2.0], [1.0], None]
+
+
+def test_the_episodes_bench_judges_against_the_better_anchor_and_pairs_it_by_repeat() -> None:
+    eb = _episodes_bench()
+
+    def runs(*values: float) -> dict:
+        return {"runs": [{"repeat": r, "tok_s": v} for r, v in enumerate(values)]}
+
+    results = {"episodes": runs(105, 110, 100, 108, 103), "lockstep": runs(80, 82, 79, 81, 80),
+               "per-episode": runs(100, 98, 99, 101, 97)}
+    best = eb.versus_best(results)
+    assert best["better"] == "per-episode" and best["ratio"] == pytest.approx(105 / 99)
+    lo, hi = best["interval"]
+    assert lo <= best["ratio"] <= hi and lo > 0.95
+    assert best["paired"] == pytest.approx([105 / 100, 110 / 98, 100 / 99, 108 / 101, 103 / 97])
+    del results["per-episode"]
+    assert eb.versus_best(results)["better"] == "lockstep"
+    assert eb.versus_best({"episodes": runs(1.0)}) is None
+
+
+@pytest.mark.timeout(60)
+def test_the_episodes_bench_runs_every_workload_against_the_instant_server(model_path: str, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    import episodes_client
+
+    eb = _episodes_bench()
+    proc, url = episodes_client.start_server(model_path, 0.01)
+    try:
+        script = Path(__file__).resolve().parents[1] / "bench" / "episodes.py"
+        out = tmp_path / "workloads.json"
+        done = subprocess.run([sys.executable, str(script), "--server", url, "--model", model_path, "--quick",
+                               "--prompts", "2", "--n", "2", "--turns", "3", "--turn-tokens", "2",
+                               "--max-new-tokens", "4", "--repeats", "3", "--workload", "fixed,eos,eos-longtail",
+                               "--methods", "episodes,lockstep,per-episode", "--tail-share", "0.25", "--tail-s",
+                               "0.2", "--out", str(out)], capture_output=True, text=True, timeout=50)
+    finally:
+        proc.kill()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["complete"] and "error" not in data and list(data["workloads"]) == ["fixed", "eos", "eos-longtail"]
+    for name, entry in data["workloads"].items():
+        assert "error" not in entry, entry.get("error")
+        for method in ("episodes", "lockstep", "per-episode"):
+            result = entry["results"][method]
+            assert not result["error"] and len(result["runs"]) == 3 and all(r["tokens"] > 0 for r in result["runs"])
+        statuses = [r["details"]["statuses"] for r in entry["results"]["episodes"]["runs"]]
+        assert statuses == [{"done": 4}] * 3
+        summary = data["summary"][name]
+        for key in ("ratio", "ratio_per_episode", "ratio_best", "paired_ratio", "paired_ratio_per_episode",
+                    "paired_ratio_best"):
+            assert summary[key] is not None and summary[f"{key}_interval"] is not None, key
+        assert summary["better_anchor"] in ("lockstep", "per-episode")
+    fixed = data["workloads"]["fixed"]["results"]
+    assert all(r["tokens"] == 4 * 3 * 2 for m in ("episodes", "lockstep", "per-episode") for r in fixed[m]["runs"])
+    assert "timeline" not in data["workloads"]["fixed"]
+    for name in ("eos", "eos-longtail"):  # one timeline run per method: a wait after each of 2 steps of 4 episodes
+        timeline = data["workloads"][name]["timeline"]
+        assert sorted(timeline) == ["episodes", "lockstep", "per-episode"]
+        assert all(runs[0]["waits"]["n"] == 8 for runs in timeline.values())
+        assert set(data["summary"][name]["waits"]) == {"episodes", "lockstep", "per-episode"}
+    # the long tail's timeline run (repeat 3): lockstep's episodes wait for the turn's slowest step,
+    # the per-episode loop's for nothing
+    latency = eb.StepLatency(3, episodes=4, repeats=4, tail_share=0.25, tail_s=0.2)
+    waits = data["workloads"]["eos-longtail"]["timeline"]
+    for k in (1, 2):
+        slowest = max(latency.draw(3, e, k) for e in range(4))
+        for e in range(4):
+            arrived = waits["lockstep"][0]["waits"]["timeline"]["arrived"][e][k]
+            ended = waits["lockstep"][0]["waits"]["timeline"]["env_end"][e][k - 1]
+            assert arrived - ended >= slowest - latency.draw(3, e, k) - 0.01
+    assert waits["per-episode"][0]["waits"]["max_ms"] < 100
+    assert [t["target"] for t in data["targets"]][3:] == [
+        f"{name}: episodes / the better hand-written loop ({data['summary'][name]['better_anchor']}) (tok/s)"
+        for name in ("eos", "eos-longtail")]
+    assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
+    assert data["environment"]["packages"]["aiohttp"] and "wait after env" in done.stdout
 
 
 @pytest.mark.timeout(120)
