@@ -28,7 +28,7 @@ from .._version import __version__
 from ..core._errors import LogError
 from ..core._options import RescoreOptions, resolve, takes_options
 from ..rollouts._rollouts import Rollouts
-from ._parts import PARTS, LightCache, PartName, part_bytes, read_full, read_light
+from ._parts import CLAIMS, PARTS, LightCache, PartName, claim_record, part_bytes, read_full, read_light
 from ._store import open_store
 from ._versions import LOGGED, logged_columns, read_lineage, read_version, version_names
 
@@ -241,21 +241,52 @@ class RolloutLog:
         """Log `res` (a Rollouts or Episodes, with its rewards) as step `step`'s part `name`; returns
         the part's file name. The part becomes visible only once completely written.
 
+        Of writers appending one (step, name) at once, exactly one succeeds: each first claims it
+        (`claims/step-<step>.<name>.claim`, created by one writer only, locally O_EXCL, on S3 a
+        conditional PUT), and only the claim's winner writes the part. A writer killed between the
+        claim and a complete part leaves the claim: the next append of that (step, name) is refused
+        with the claim's file, who made it and when; remove it to log the step again.
+
         Raises:
-            LogError: step `step` already has a part `name` (a log never merges or replaces rows:
-                give another `name` for a second call at one step, e.g. name="eval").
+            LogError: step `step` already has a part `name`, or another writer holds its claim (a log
+                never merges or replaces rows: give another `name` for a second call at one step,
+                e.g. name="eval").
             TypeError: `res` is not a result.
         """
         if not isinstance(res, Rollouts):
             raise TypeError(f"append takes a result (rlgen.Rollouts or Episodes), got {type(res).__name__}")
         part = PartName.new(step, name)
+        data = part_bytes(res, step)  # first: a result that cannot be written claims nothing
+        self._refuse_taken(part, claimed=False)
+        if not self._store.claim(claim_record(part), CLAIMS, part.claim_file):
+            self._refuse_taken(part, claimed=True)
+        try:
+            self._store.write_new(data, PARTS, part.file)
+        except BaseException:
+            if not self._store.exists(PARTS, part.file):  # the claim goes only with a part never written
+                self._store.remove(CLAIMS, part.claim_file)
+            raise
+        return part.file
+
+    def _refuse_taken(self, part: PartName, *, claimed: bool) -> None:
+        """LogError where (step, name) has a part; where `claimed` (another writer holds the claim)
+        in any case, saying whose claim it is and what to do."""
+        step, name = part.step, part.name
         same = [p.file for p in self._parts(step, name=name)]
         if same:
             raise LogError(f"step {step} already has a part {name!r} ({same[0]}); a log never merges or replaces "
                            f"rows: log a second call at this step with another name, e.g. append({step}, res, "
                            "name='eval')", path=self._store.path(PARTS, same[0]))
-        self._store.write_new(part_bytes(res, step), PARTS, part.file)
-        return part.file
+        if not claimed:
+            return
+        path = self._store.path(CLAIMS, part.claim_file)
+        who = self._store.read_json(CLAIMS, part.claim_file) or {}
+        by = (f" by pid {who.get('pid')} on {who.get('host')} at {who.get('claimed')}, for {who.get('part')}"
+              if who else "")
+        raise LogError(f"step {step}'s part {name!r} is claimed{by} and not written yet: another process is appending "
+                       "it now (this call is the second: log this call under another name, e.g. name='eval'), or "
+                       "that writer was killed mid-append; if no process is appending it, delete the claim "
+                       f"{path} and append again", path=path)
 
     # -- reading -----------------------------------------------------------------------------------
     def rows(self, *, steps: Steps = None, columns: Sequence[str] | None = None, rewards: str | None = None) -> pd.DataFrame:

@@ -1,7 +1,9 @@
 """A rollout log's parts: one parquet file per logged call, named by its step, never modified.
 
 Owns: a part's file name (`step-000000010.train.3f9c1a2b.parquet`: the step, the part's name
-within its step, a random id) and reading it back (`PartName`); the stable prompt key
+within its step, a random id) and reading it back (`PartName`); the claim of a (step, name)
+(`claims/step-000000010.train.claim`, created before the part is written, by one writer only: see
+`RolloutLog.append`, and what it holds: `claim_record`); the stable prompt key
 (`prompt_keys`); turning a result into a part's bytes (`part_bytes`: the result's own parquet
 format, `Rollouts.to_parquet`, with the log's columns `step` and `prompt_key` added); and reading
 parts: the light columns of many parts into one DataFrame (`read_light`: only the columns asked
@@ -12,10 +14,13 @@ Knows nothing about reward versions, diffs or views, nor about where the bytes l
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import io
 import json
+import os
 import re
+import socket
 import uuid
 import warnings
 from collections.abc import Iterable, Sequence
@@ -34,9 +39,10 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["PARTS", "LightCache", "PartName", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light"]
+__all__ = ["CLAIMS", "PARTS", "LightCache", "PartName", "claim_record", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light"]
 
 PARTS = "parts"  # the folder of parts under a log's root
+CLAIMS = "claims"  # the folder of claims of (step, name): one small JSON file each, never a part
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^step-(\d{9})\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})\.parquet$")
 MAX_STEP = 10**9 - 1
@@ -54,6 +60,11 @@ class PartName:
     def file(self) -> str:
         return f"step-{self.step:09d}.{self.name}.{self.uid}.parquet"
 
+    @property
+    def claim_file(self) -> str:
+        """The name of its (step, name)'s claim in `CLAIMS`: one per step and name, whatever the id."""
+        return f"step-{self.step:09d}.{self.name}.claim"
+
     @classmethod
     def new(cls, step: int, name: str) -> PartName:
         """A fresh part name. Raises ValueError for a step or name a file name cannot carry."""
@@ -68,6 +79,12 @@ class PartName:
         """The part a file name names; None for a file that is not a part."""
         m = _FILE.match(file)
         return None if m is None else cls(int(m.group(1)), m.group(2), m.group(3))
+
+
+def claim_record(part: PartName) -> dict[str, Any]:
+    """What a claim says: the part it is for, who claimed it (pid, host) and when (UTC)."""
+    return {"part": part.file, "pid": os.getpid(), "host": socket.gethostname(),
+            "claimed": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def prompt_keys(df: pd.DataFrame) -> list[str]:
