@@ -12,6 +12,16 @@ How to run (in a venv of its own, not rlgen's dev venv):
         [--model /root/.cache/rlgen/models/smollm2-135m-instruct-v1]
     cp -r OUTPUT_DIR/completions tests/data/trl-1.16.0-grpo/completions
 
+Variants (each README under tests/data/trl-1.16.0-grpo-*/ gives its exact command):
+    --rows repeated         a dataset of one question twice (REPEATED_ROWS): with 8 rows per step
+                            and num_generations=4, every step's batch holds it in two GRPO groups
+    --logging-steps N       GRPOConfig.logging_steps (default: GRPOConfig's, 10)
+    --num-iterations N      GRPOConfig.num_iterations (default 1): N > 1 reuses a generation batch
+                            for N steps, so TRL logs the same rows under N steps
+    --save-args             after training, trainer.save_model(OUTPUT_DIR/saved), which writes the
+                            run's GRPOConfig as training_args.bin (the weights beside it are not
+                            fixture material: copy training_args.bin only)
+
 What it does: GRPOTrainer(log_completions=True) on CPU, model SmolLM2-135M-Instruct (local checkpoint,
 no hub access), 8 conversational prompts with an `answer` column (6 without a system message, so the
 chat template adds SmolLM's default one; 2 with a system message in the dataset), two reward
@@ -53,6 +63,13 @@ ROWS = [
     (None, "What is 6 * 7? Answer with the number only.", "42"),
     ("You are a calculator. Reply with a number only.", "What is 100 / 4?", "25"),
     ("You are a quiz player. Reply with one word.", "What color is the sky on a clear day?", "blue"),
+]
+
+# A dataset that holds one question twice (datasets hold duplicates; TRL samples with replacement
+# across epochs): every step's batch of two prompts holds it in two GRPO groups.
+REPEATED_ROWS = [
+    (None, "What is 7 + 5? Answer with the number only.", "12"),
+    (None, "What is 7 + 5? Answer with the number only.", "12"),
 ]
 
 
@@ -99,6 +116,12 @@ def main():
     parser.add_argument("--max-steps", type=int, default=25)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--rows", choices=("default", "repeated"), default="default",
+                        help="the dataset: ROWS, or REPEATED_ROWS (one question twice)")
+    parser.add_argument("--logging-steps", type=int, default=None, help="GRPOConfig.logging_steps (default: its own, 10)")
+    parser.add_argument("--num-iterations", type=int, default=1, help="GRPOConfig.num_iterations (default 1)")
+    parser.add_argument("--save-args", action="store_true",
+                        help="trainer.save_model(OUTPUT_DIR/saved) after training (writes training_args.bin)")
     args = parser.parse_args()
 
     versions = check_versions()
@@ -116,7 +139,7 @@ def main():
     from trl import GRPOConfig, GRPOTrainer
 
     data = []
-    for system, question, answer in ROWS:
+    for system, question, answer in (REPEATED_ROWS if args.rows == "repeated" else ROWS):
         prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
         data.append({"prompt": prompt, "answer": answer})
     dataset = Dataset.from_list(data)
@@ -129,7 +152,9 @@ def main():
         per_device_train_batch_size=8,
         gradient_accumulation_steps=1,
         max_steps=args.max_steps,
-        # logging_steps left at GRPOConfig's default (10)
+        # logging_steps left at GRPOConfig's default (10) unless --logging-steps
+        **({"logging_steps": args.logging_steps} if args.logging_steps is not None else {}),
+        num_iterations=args.num_iterations,
         learning_rate=1e-6,
         use_cpu=True,
         bf16=False,
@@ -146,9 +171,11 @@ def main():
     start = time.time()
     trainer.train()
     elapsed = time.time() - start
+    if args.save_args:
+        trainer.save_model(os.path.join(args.output_dir, "saved"))
     with open(os.path.join(args.output_dir, "run_info.json"), "w") as f:
         json.dump({"versions": versions, "max_steps": args.max_steps, "logging_steps": config.logging_steps,
-                   "train_seconds": round(elapsed, 1), "model": args.model}, f, indent=1)
+                   "rows": args.rows, "num_iterations": args.num_iterations, "train_seconds": round(elapsed, 1), "model": args.model}, f, indent=1)
     print(f"train took {elapsed:.1f}s; files:", sorted(os.listdir(os.path.join(args.output_dir, "completions"))))
 
 
