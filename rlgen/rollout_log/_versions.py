@@ -4,11 +4,17 @@ Owns: the version `logged` (the reward columns the training loop wrote into its 
 versions `rescore` appends, each a folder `rewards/<version>/` holding `lineage.json` (the
 functions, by name, source hash, source and parameters; the options that change a score; the
 repeats; when; rlgen's version) and one parquet file per scored part, named as the part, holding
-that part's rows in order (`repeat`-major when a row was scored more than once). A version's name
-is bound to its lineage: scoring again with the same functions adds only the parts not yet scored;
-with edited functions it is refused (pick a new name). Reading a version (`read_version`) gives
-one row per log row: the mean over repeats, and `reward_std` / `reward_min` / `reward_max` across
-them. Knows nothing about how scores are computed (`_rescore`) or compared (`compare/`).
+that part's rows in order (`repeat`-major when a row was scored more than once). A part whose rows
+failed (`RETRY_STATUSES`: timeout, skipped, cancelled) and were scored again gets a retry file
+beside it (`<part stem>.retry-0001.parquet`, then 0002, ...): the part's whole table again, the
+retried rows' new scores and the group columns recomputed; the newest file of a part is its scores
+(`score_files`), the older ones stay. A version's name is bound to its lineage: scoring again with
+the same functions adds only the parts not yet scored and retries failed rows; with edited
+functions, options or repeats it is refused (pick a new name). Every file is created, never
+replaced: a process that finds its file made meanwhile is told another process is scoring that
+version (`concurrent_scoring`). Reading a version (`read_version`) gives one row per log row: the
+mean over repeats, and `reward_std` / `reward_min` / `reward_max` across them. Knows nothing about
+how scores are computed (`_rescore`) or compared (`compare/`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import datetime as dt
 import hashlib
 import io
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
@@ -28,15 +36,21 @@ from ._parts import PartName
 from ._store import Store
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["LOGGED", "REWARDS", "claim_version", "lineage_of", "logged_columns", "read_version", "scored_parts",
-           "version_names", "write_scores"]
+__all__ = ["LOGGED", "RETRY_STATUSES", "REWARDS", "claim_version", "concurrent_scoring", "failed_counts", "failed_rows",
+           "lineage_of", "logged_columns", "read_scores", "read_version", "score_files", "scored_parts", "version_names",
+           "write_scores"]
 
 REWARDS = "rewards"
 LOGGED = "logged"
 _LINEAGE = "lineage.json"
+# A row's statuses that another try may change (a slow call, a call never made); "error",
+# "bad_return" and "none" are what the function answered, and stay.
+RETRY_STATUSES = ("timeout", "skipped", "cancelled")
+_RETRY = re.compile(r"^(step-\d{9}\.[A-Za-z0-9_-]{1,64}\.[0-9a-f]{8})\.retry-(\d{4,})\.parquet$")
 # The options that change a score (the rest, mode, timeout, workers, progress, change how it runs).
 _SCORE_OPTIONS = ("weights", "style", "columns", "batch_size", "advantage", "eps")
 
@@ -90,8 +104,19 @@ def claim_version(store: Store, name: str, lineage: dict[str, Any]) -> bool:
                        path=store.path(REWARDS, name))
     record = {"version": name, **lineage, "created": dt.datetime.now(dt.timezone.utc).isoformat(),
               "rlgen": __version__}
-    store.write_new(json.dumps(record, indent=1).encode(), REWARDS, name, _LINEAGE)
+    if not store.create(json.dumps(record, indent=1).encode(), REWARDS, name, _LINEAGE):
+        if read_lineage(store, name)["sha256"] == lineage["sha256"]:  # made by a call that started with this one
+            raise concurrent_scoring(store, name, store.path(REWARDS, name, _LINEAGE))
+        return claim_version(store, name, lineage)  # made meanwhile with other functions: say what differs
     return True
+
+
+def concurrent_scoring(store: Store, name: str, path: str) -> LogError:
+    """The error of a call that finds a file of its version made meanwhile by another process."""
+    return LogError(f"reward version {name!r} is being scored by another process: it wrote {path} while this call "
+                    "was scoring it. Nothing is lost or doubled (a log never replaces a file); let that call finish, "
+                    "then call rescore again with the same functions and version: it scores only what is left",
+                    path=path)
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
@@ -108,19 +133,65 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "; ".join(said)
 
 
+def score_files(store: Store, name: str) -> dict[str, tuple[str, int]]:
+    """Each part file a version has scored -> (the file holding its scores now: the part's name,
+    or its newest retry file; how many retries it has had)."""
+    out: dict[str, tuple[str, int]] = {}
+    for f in store.list(REWARDS, name):
+        if PartName.parse(f) is not None:
+            part, retry = f, 0
+        elif (m := _RETRY.match(f)) is not None:
+            part, retry = f"{m.group(1)}.parquet", int(m.group(2))
+        else:
+            continue
+        if part not in out or out[part][1] < retry:
+            out[part] = (f, retry)
+    return out
+
+
 def scored_parts(store: Store, name: str) -> set[str]:
     """The part files a version has scored."""
-    return {f for f in store.list(REWARDS, name) if PartName.parse(f) is not None}
+    return set(score_files(store, name))
 
 
-def write_scores(store: Store, name: str, part: PartName, table: pa.Table) -> None:
+def write_scores(store: Store, name: str, part: PartName, table: pa.Table, *, retry: int = 0) -> None:
     """One part's scores under a version (a `repeat` column, then the scoring columns; rows in the
-    part's order, repeat-major)."""
+    part's order, repeat-major): its first file, or with `retry` its retry file of that number.
+
+    Raises:
+        LogError: another process wrote that file meanwhile (`concurrent_scoring`).
+    """
     import pyarrow.parquet as pq
 
+    file = part.file if retry == 0 else f"{part.file[:-len('.parquet')]}.retry-{retry:04d}.parquet"
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
-    store.write_new(buffer.getvalue(), REWARDS, name, part.file)
+    if not store.create(buffer.getvalue(), REWARDS, name, file):
+        raise concurrent_scoring(store, name, store.path(REWARDS, name, file))
+
+
+def read_scores(store: Store, name: str, file: str) -> pd.DataFrame:
+    """One file of a version's scores, as written (repeat-major rows)."""
+    import pandas as pd
+
+    return pd.read_parquet(io.BytesIO(store.read_bytes(REWARDS, name, file)))
+
+
+def failed_rows(scores: pd.DataFrame) -> np.ndarray:
+    """Which rows of a scores table have a function whose status is one of `RETRY_STATUSES`."""
+    import numpy as np
+
+    failed = np.zeros(len(scores), dtype=bool)
+    for c in [c for c in scores.columns if c.startswith("reward_") and c.endswith("_status")]:
+        failed |= scores[c].isin(RETRY_STATUSES).to_numpy(dtype=bool)
+    return failed
+
+
+def failed_counts(store: Store, name: str, files: Sequence[str]) -> dict[str, int]:
+    """How many rows of each of a version's score `files` failed (see `failed_rows`)."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        counts = list(pool.map(lambda f: int(failed_rows(read_scores(store, name, f)).sum()), files))
+    return dict(zip(files, counts))
 
 
 def logged_columns(columns: Sequence[str]) -> list[str]:
@@ -130,17 +201,17 @@ def logged_columns(columns: Sequence[str]) -> list[str]:
 
 
 def read_version(store: Store, name: str, parts: Sequence[PartName], rows: pd.DataFrame) -> pd.DataFrame:
-    """The version's scores for `rows` (a frame with `part` and `row`), aligned with them; NaN and
-    status None where a part has not been scored under it."""
+    """The version's scores for `rows` (a frame with `part` and `row`), aligned with them, from each
+    part's newest file; NaN and status None where a part has not been scored under it."""
     import numpy as np
     import pandas as pd
 
     frames = []
-    scored = scored_parts(store, name)
+    files = score_files(store, name)
     for part in parts:
-        if part.file not in scored:
+        if part.file not in files:
             continue
-        df = pd.read_parquet(io.BytesIO(store.read_bytes(REWARDS, name, part.file)))
+        df = read_scores(store, name, files[part.file][0])
         n = int((df["repeat"] == 0).sum())
         df.insert(0, "row", np.tile(np.arange(n, dtype=np.int64), len(df) // max(n, 1)))
         df.insert(0, "part", part.file)

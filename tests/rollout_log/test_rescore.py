@@ -1,13 +1,17 @@
 """RolloutLog.rescore: a new reward version appended with its lineage, never overwriting, going on
-where it stopped, refusing a taken name, contained like add_rewards (statuses, timeouts, every
-style), and repeated for a stochastic reward."""
+where it stopped (failed rows retried), refusing a taken name (other functions, options or repeats),
+contained like add_rewards (statuses, timeouts, every style), repeated for a stochastic reward, and
+two processes scoring one version at once."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import multiprocessing
 import random
+import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +140,95 @@ def test_a_stochastic_reward_repeated_shows_its_spread_per_row(tmp_path: Path) -
     assert got["reward_std"].tolist()[:2] == [0.0, 0.0] and got["reward_std"].iat[2] > 0.05
     assert (got["reward_min"] <= got["reward"]).all() and (got["reward"] <= got["reward_max"]).all()
     assert log.lineage("judge")["repeats"] == 5
+
+
+def test_a_taken_version_name_with_other_options_or_other_repeats_is_refused_saying_what_differs(tmp_path: Path) -> None:
+    log = _log(tmp_path, steps=1)
+    log.rescore({"strict": strict}, version="v", mode="inline", progress=False)
+    before = _digest(tmp_path / "run")
+    with pytest.raises(rlgen.LogError, match=r"'v' exists with other functions or options \(advantage 'grpo' -> 'rloo'\)"):
+        log.rescore({"strict": strict}, version="v", advantage="rloo", mode="inline", progress=False)
+    with pytest.raises(rlgen.LogError, match=r"'v' exists with other functions or options \(repeats 1 -> 3\)"):
+        log.rescore({"strict": strict}, version="v", repeats=3, mode="inline", progress=False)
+    assert _digest(tmp_path / "run") == before
+
+
+SLOW = {"on": True}
+
+
+def slow_on_no_while_on(completion: str) -> float:
+    if completion == "no" and SLOW["on"]:
+        time.sleep(3)
+    return float(completion == "yes!")
+
+
+@pytest.mark.timeout(120)
+def test_rows_that_timed_out_are_retried_when_the_same_version_is_scored_again(tmp_path: Path) -> None:
+    log = _log(tmp_path, steps=2)
+    run = dict(version="slow", repeats=2, mode="thread", timeout=1, progress=False)
+    SLOW["on"] = True
+    with pytest.warns(UserWarning, match=r"4 rows of reward version 'slow' stay failed \(4 timeout\): call rescore "
+                                         r"again with the same functions and version to retry them"):
+        log.rescore(slow_on_no_while_on, **run)  # type: ignore[arg-type]
+    assert log.rewards("slow")["reward_slow_on_no_while_on_status"].tolist() == ["ok", "ok", "timeout", "ok"] * 2
+    SLOW["on"] = False
+    first = _digest(tmp_path / "run" / "rewards" / "slow")
+    log.rescore(slow_on_no_while_on, **run)  # type: ignore[arg-type]
+    got = log.rewards("slow")
+    assert got["reward_slow_on_no_while_on_status"].tolist() == ["ok"] * 8
+    assert got["reward"].tolist() == [0, 1, 0, 1] * 2 and got["reward_std"].tolist() == [0.0] * 8
+    # The group columns are those of the rows scored at once: retried rows rejoin their groups.
+    log.rescore(slow_on_no_while_on, **{**run, "version": "at_once"})  # type: ignore[arg-type]
+    at_once = log.rewards("at_once")
+    for column in ("group_mean", "group_std", "group_zero_std", "advantage"):
+        assert got[column].tolist() == at_once[column].tolist(), column
+    # Append-only: the first files stay as they were; a retry file of each part supersedes them.
+    now = _digest(tmp_path / "run" / "rewards" / "slow")
+    assert {k: now[k] for k in first} == first
+    assert sorted(set(now) - set(first)) == sorted(k.replace(".parquet", ".retry-0001.parquet")
+                                                   for k in first if k.endswith(".parquet"))
+    CALLS.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing failed is left: silent, nothing scored
+        log.rescore(slow_on_no_while_on, **run)  # type: ignore[arg-type]
+    assert _digest(tmp_path / "run" / "rewards" / "slow") == now
+
+
+def slow_strict(completion: str) -> float:
+    time.sleep(0.05)
+    return float(completion == "yes!")
+
+
+def _rescorer(path: str, version: str, barrier: Any, results: Any) -> None:
+    log = rlgen.RolloutLog(path)
+    barrier.wait(timeout=120)
+    try:
+        log.rescore(slow_strict, version=version, mode="inline", progress=False)
+        results.put("ok")
+    except Exception as err:  # every outcome reported, to be checked by the test
+        results.put(f"{type(err).__name__}: {err}")
+
+
+@pytest.mark.timeout(300)
+def test_a_second_rescore_of_one_version_at_once_is_told_another_process_is_scoring_it(tmp_path: Path) -> None:
+    log = _log(tmp_path, steps=4)
+    ctx = multiprocessing.get_context("spawn")
+    said = []
+    for version in ("v1", "v2", "v3"):
+        barrier, results = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_rescorer, args=(str(tmp_path / "run"), version, barrier, results))
+                 for _ in range(2)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert "ok" in outcomes, outcomes
+        said += [o for o in outcomes if o != "ok"]
+        log.rescore(slow_strict, version=version, mode="inline", progress=False)  # goes on where they stopped
+        assert log.rewards(version)["reward"].tolist() == [0, 1, 0, 1] * 4
+    assert said, "the two processes never met: nothing was tested"
+    for message in said:
+        assert re.match(r"LogError: reward version 'v\d' is being scored by another process: it wrote .* while this "
+                        r"call was scoring it\. Nothing is lost or doubled .* call rescore again with the same "
+                        r"functions and version", message), message
