@@ -10,5 +10,6 @@ two versions is `rlgen.compare`'s.
 from __future__ import annotations
 
 from ._log import RolloutLog
+from ._text_rows import LogImportWarning
 
-__all__ = ["RolloutLog"]
+__all__ = ["LogImportWarning", "RolloutLog"]

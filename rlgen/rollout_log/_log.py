@@ -124,7 +124,8 @@ class RolloutLog:
     def from_trl(cls, folder: str | os.PathLike[str], path: str | os.PathLike[str], *, tokenizer: Any,
                  dataset: pd.DataFrame | None = None, dataset_prompt: str = "prompt",
                  reward_columns: Sequence[str] | None = None, reward_weights: dict[str, float] | None = None,
-                 max_completion_length: int | None = None, storage_options: dict[str, Any] | None = None) -> RolloutLog:
+                 max_completion_length: int | None = None, num_generations: int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> RolloutLog:
         """A new log at `path` holding a TRL run's completion logs (`log_completions=True`; `folder`:
         its output_dir), a part per logged step.
 
@@ -133,17 +134,26 @@ class RolloutLog:
         `completion_ids` column through `log_extra`. `dataset` (with the prompts in
         `dataset_prompt`) is joined on the prompt to bring back what TRL does not log (the answer);
         `max_completion_length` marks rows that reached it as cut ("length"); other finish reasons
-        are "unknown". `reward_weights`: GRPOConfig's, for the combined `reward`. The log's `notes`
-        say what was matched, re-tokenized and missing.
+        are "unknown". `reward_weights`: GRPOConfig's, for the combined `reward`. A GRPO group is
+        `num_generations` consecutive rows, as TRL forms them (a prompt twice in a step is two
+        groups). Where `folder` holds the run's `training_args.bin` (`Trainer.save_model`, or a
+        checkpoint's), the GRPOConfig in it gives `num_generations`, `max_completion_length` and
+        `reward_weights` not passed; without it the group size is inferred. The logged advantage is
+        recomputed over the groups and the rows where it differs are counted. The log's `notes` say
+        what was matched, re-tokenized, checked and missing.
 
         Raises:
-            LogError: `folder` is not a TRL run's output, or in a layout this version does not know.
+            LogError: `folder` is not a TRL run's output, in a layout this version does not know, or
+                its rows do not divide into groups of `num_generations` rows of one prompt.
         """
         from ._import_trl import read_trl
 
-        steps, notes = read_trl(folder, reward_columns=reward_columns)
-        return cls._imported("trl", path, steps, notes, tokenizer=tokenizer, dataset=dataset, dataset_prompt=dataset_prompt,
-                             weights=reward_weights, max_completion_length=max_completion_length,
+        read = read_trl(folder, reward_columns=reward_columns, reward_weights=reward_weights,
+                        num_generations=num_generations)
+        return cls._imported("trl", path, read.steps, read.notes, tokenizer=tokenizer, dataset=dataset,
+                             dataset_prompt=dataset_prompt, weights=read.weights if reward_weights is None else reward_weights,
+                             max_completion_length=(read.max_completion_length if max_completion_length is None
+                                                    else max_completion_length),
                              storage_options=storage_options)
 
     @classmethod
@@ -160,8 +170,8 @@ class RolloutLog:
         """
         from ._import_verl import read_verl
 
-        steps, notes = read_verl(folder)
-        return cls._imported("verl", path, steps, notes, tokenizer=tokenizer, dataset=dataset,
+        read = read_verl(folder)
+        return cls._imported("verl", path, read.steps, read.notes, tokenizer=tokenizer, dataset=dataset,
                              dataset_prompt=dataset_prompt, weights=None, max_completion_length=max_completion_length,
                              storage_options=storage_options)
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["TextStep", "join_dataset", "numbered_files", "prompt_text", "text_result"]
+__all__ = ["FrameworkLog", "LogImportWarning", "TextStep", "join_dataset", "numbered_files", "prompt_text", "text_groups", "text_result"]
 
 _OWN = frozenset((*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS, *LOG_COLUMNS))
 
@@ -51,6 +51,24 @@ class TextStep:
     advantage: list[float] | None = None  # the advantage the trainer logged, kept as it was
     completion_ids: list[list[int]] | None = None  # the sampled ids, where the framework logged them
     extra: dict[str, list[Any]] = field(default_factory=dict)  # other logged columns, kept
+    groups: list[int] | None = None       # each row's GRPO group where the reader knows it; else by prompt text
+
+
+@dataclass
+class FrameworkLog:
+    """What a framework reader found: the steps, what the import should say, and the run's own
+    settings where its files hold them (None: not found; the user's arguments come first)."""
+
+    steps: list[TextStep]
+    notes: list[str]
+    max_completion_length: int | None = None
+    weights: dict[str, float] | None = None
+
+
+class LogImportWarning(UserWarning):
+    """An import found something its rows should not be read without: logged advantages its groups
+    do not reproduce, a dataset join that matched nothing or matched ambiguously, rows repeated
+    under several steps. Each is in the log's notes too."""
 
 
 def numbered_files(where: str, pattern: re.Pattern[str], *, missing: str, empty: str) -> list[tuple[int, str]]:
@@ -76,6 +94,12 @@ def prompt_text(prompt: Any) -> str:
     return str(prompt)
 
 
+def text_groups(keys: Sequence[Any]) -> list[int]:
+    """One group per distinct key (a prompt's text, verl's uid), numbered in order of first appearance."""
+    index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    return [index[k] for k in keys]
+
+
 def _prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         return list(tokenizer.encode(prompt, add_special_tokens=False))
@@ -97,8 +121,7 @@ def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping
     """The step's rows as a Rollouts (see the module docstring); `source` names the framework."""
     n = len(rows.completions)
     texts = [prompt_text(p) for p in rows.prompts]
-    index = {t: i for i, t in enumerate(dict.fromkeys(texts))}
-    group = [index[t] for t in texts]
+    group = rows.groups if rows.groups is not None else text_groups(texts)
     seen: dict[int, int] = {}
     sample = []
     for g in group:  # each row's place among its prompt's rows
