@@ -54,6 +54,24 @@ def test_nan_under_both_versions_is_no_change_and_equal_scores_are_none_either()
     assert diff.changed.empty and diff.summary()["changed"] == 0
 
 
+def test_a_change_of_one_ten_millionth_is_a_change_the_comparison_is_exact_not_within_a_tolerance() -> None:
+    rows = log_rows(1, 1, 4)
+    a = [0.5, 1.0, np.nan, 1e-9]
+    b = [0.5 + 1e-7, 1.0, np.nan, 0.0]
+    changed = reward_diff(rows, scores(a, rows), scores(b, rows)).changed
+    assert changed["row"].tolist() == [0, 3]
+    assert changed["delta"].tolist() == pytest.approx([1e-7, -1e-9], rel=1e-6, abs=0)
+
+
+def test_notes_of_what_the_caller_left_out_are_kept_and_shown() -> None:
+    rows = log_rows(1, 2, 2)
+    note = "left out: 4 rows of step 1, not scored under 'strict'"
+    diff = reward_diff(rows, scores([1, 0, 1, 0], rows), scores([1, 0, 0, 0], rows), notes=[note])
+    assert diff.notes == (note,) and diff.summary()["notes"] == [note]
+    assert repr(diff).endswith(f"; {note}>") and "left out: 4 rows of step 1" in diff._repr_html_()
+    assert reward_diff(rows, scores([1, 0, 1, 0], rows), scores([1, 0, 0, 0], rows)).notes == ()
+
+
 def test_a_group_that_becomes_constant_stops_carrying_gradient_and_one_that_spreads_starts() -> None:
     rows = log_rows(1, 3, 4)
     a = [1, 0, 1, 0, 1, 1, 1, 1, 0, 1, 0, 1]  # groups of 4: mixed, constant, mixed

@@ -14,7 +14,10 @@ Conventions:
 - A prompt group is the rows of one part (one logged call) with one prompt_index: the key is
   (part, prompt_index), as the trainer formed its GRPO groups. A part belongs to one step.
 - A NaN reward is a row not scored (or whose reward failed). NaN under both versions is no change;
-  NaN under one and a number under the other is a change (its delta is NaN).
+  NaN under one and a number under the other is a change (its delta is NaN). A caller that knows
+  which rows a version never scored (a log: the parts a re-score has not reached) leaves them out
+  of `rows`, `a` and `b` and says so in `notes`, which the result carries and shows.
+- A score changed when it is not exactly equal (no tolerance: a change of 1e-7 is a change).
 - The unit of the per-step interval is the prompt group, not the row: a group's samples share a
   prompt and are not independent. Each group is reduced to the difference of its means (B's mean
   minus A's, each over the group's finite rewards: the mean GRPO centres on), and the interval is
@@ -69,6 +72,7 @@ def reward_diff(
     min_prompts: int = 2,
     seed: int = 0,
     loader: Callable[[pd.DataFrame], Rollouts] | None = None,
+    notes: Sequence[str] = (),
 ) -> RewardDiff:
     """Two versions of a reward over the same rows, side by side.
 
@@ -94,6 +98,8 @@ def reward_diff(
         seed: the bootstrap's seed (an int >= 0); unused by "t".
         loader: reads rows named by `part` and `row` back as a result, for `RewardDiff.browse`
             (a log passes its `load_rows`).
+        notes: what the caller left out of the comparison (a log: the steps a version has not
+            scored), one line each; kept as `RewardDiff.notes` and shown with the summary.
 
     Returns:
         A `RewardDiff` (see there): `changed`, `groups` and `flips`, `advantages`, `per_step`,
@@ -117,7 +123,7 @@ def reward_diff(
                       advantages=_advantage_table(rows, keys, ra, rb, pair), per_step=per_step,
                       diverged_at=diverged_at, sustained_from=sustained_from, threshold=float(threshold),
                       confidence=float(confidence), interval=interval, min_prompts=min_prompts, seed=seed,
-                      loader=loader)
+                      loader=loader, notes=tuple(str(n) for n in notes))
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -147,7 +153,8 @@ class RewardDiff:
     - `diverged_at`: the first step whose interval excludes 0; `sustained_from`: the first step
       from which every step's interval, to the last, excludes 0 on the same side; None if none.
     - `names`, `reward`, `rows` (rows compared), `threshold`, `confidence`, `interval`,
-      `min_prompts`, `seed`: the call's.
+      `min_prompts`, `seed`: the call's; `notes`: what the caller left out of the comparison
+      (a log's diff: the steps and rows one version has not scored), one line each.
     """
 
     names: tuple[str, str]
@@ -167,6 +174,7 @@ class RewardDiff:
     # Reads rows named by part and row back as a result (the log's `load_rows`), for `browse`;
     # None where the diff was made from frames alone.
     loader: Callable[[pd.DataFrame], Rollouts] | None = None
+    notes: tuple[str, ...] = ()
 
     def browse(self, *, top: int = 50, widgets: bool | None = None) -> RolloutBrowser:
         """The `top` changed rows (largest |delta| first) in the rollout browser, with both scores as
@@ -196,19 +204,22 @@ class RewardDiff:
 
     def summary(self) -> dict[str, Any]:
         """The headline facts, one per key: names, rows, changed, groups, starts_gradient,
-        stops_gradient, steps, diverged_steps, diverged_at, sustained_from, interval."""
+        stops_gradient, steps, diverged_steps, diverged_at, sustained_from, interval, notes (what
+        was left out of the comparison)."""
         flips = self.groups["flip"]
         return {"names": self.names, "rows": self.rows, "changed": len(self.changed), "groups": len(self.groups),
                 "starts_gradient": int((flips == STARTS).sum()), "stops_gradient": int((flips == STOPS).sum()),
                 "steps": len(self.per_step), "diverged_steps": int(self.per_step["diverged"].sum()),
-                "diverged_at": self.diverged_at, "sustained_from": self.sustained_from, "interval": self.interval_note}
+                "diverged_at": self.diverged_at, "sustained_from": self.sustained_from, "interval": self.interval_note,
+                "notes": list(self.notes)}
 
     def __repr__(self) -> str:
         s = self.summary()
         la, lb = self.names
         return (f"<RewardDiff {la} → {lb} ({self.reward}): {s['rows']} rows, {s['changed']} changed; "
                 f"{s['groups']} prompt groups, {s['starts_gradient']} start and {s['stops_gradient']} stop carrying "
-                f"gradient; {_divergence_text(self.diverged_at, self.sustained_from)} over {s['steps']} steps>")
+                f"gradient; {_divergence_text(self.diverged_at, self.sustained_from)} over {s['steps']} steps"
+                + "".join(f"; {note}" for note in self.notes) + ">")
 
     def _repr_html_(self) -> str:
         """A summary table and the top changed rows; every text escaped, no scripts."""
@@ -228,7 +239,9 @@ class RewardDiff:
         top = _top_rows_html(self.changed.head(_TOP_ROWS), self.names)
         return (f'<div class="rlgen-rollouts" style="max-width:1000px">{VIEW_STYLE}'
                 f'<div style="font-family:monospace;margin-bottom:4px">reward diff: {la} → {lb} '
-                f"({html.escape(self.reward)})</div><table><tbody>{table}</tbody></table>{top}"
+                f"({html.escape(self.reward)})</div><table><tbody>{table}</tbody></table>"
+                + "".join(f'<div style="color:#a60;margin-top:4px">{html.escape(n)}</div>' for n in self.notes)
+                + f"{top}"
                 f'<div style="color:#666;font-size:90%;margin-top:4px">{html.escape(self.interval_note)}</div></div>')
 
     def plot(self, ax: Axes | None = None) -> Axes:

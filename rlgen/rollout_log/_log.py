@@ -29,8 +29,8 @@ from ..core._errors import LogError
 from ..core._options import RescoreOptions, resolve, takes_options
 from ..rollouts._rollouts import Rollouts
 from ._parts import CLAIMS, PARTS, LightCache, PartName, claim_record, part_bytes, read_full, read_light
-from ._store import open_store
-from ._versions import LOGGED, logged_columns, read_lineage, read_version, version_names
+from ._store import Store, open_store
+from ._versions import LOGGED, logged_columns, read_lineage, read_version, scored_parts, version_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -122,7 +122,7 @@ class RolloutLog:
 
     @classmethod
     def from_trl(cls, folder: str | os.PathLike[str], path: str | os.PathLike[str], *, tokenizer: Any,
-                 dataset: pd.DataFrame | None = None, dataset_prompt: str = "prompt",
+                 dataset: Any = None, dataset_prompt: str = "prompt",
                  reward_columns: Sequence[str] | None = None, reward_weights: dict[str, float] | None = None,
                  max_completion_length: int | None = None, num_generations: int | None = None,
                  storage_options: dict[str, Any] | None = None) -> RolloutLog:
@@ -131,8 +131,10 @@ class RolloutLog:
 
         TRL logs text only: the rows are tokenized with `tokenizer` (a tokenizer, or a local path or
         name) and marked `retokenized` (no logprobs), unless a reward function logged a
-        `completion_ids` column through `log_extra`. `dataset` (with the prompts in
-        `dataset_prompt`) is joined on the prompt to bring back what TRL does not log (the answer);
+        `completion_ids` column through `log_extra`. `dataset` (a DataFrame, a `datasets.Dataset`, a
+        list of dicts, or a .json/.jsonl/.parquet path; the prompts in `dataset_prompt`) is joined on
+        the prompt to bring back what TRL does not log (the answer): a join that matches no row, or
+        prompts listed twice with different values (left unjoined), warn (`LogImportWarning`);
         `max_completion_length` marks rows that reached it as cut ("length"); other finish reasons
         are "unknown". `reward_weights`: GRPOConfig's, for the combined `reward`. A GRPO group is
         `num_generations` consecutive rows, as TRL forms them (a prompt twice in a step is two
@@ -145,6 +147,8 @@ class RolloutLog:
         Raises:
             LogError: `folder` is not a TRL run's output, in a layout this version does not know, or
                 its rows do not divide into groups of `num_generations` rows of one prompt.
+            TypeError, ValueError, FileNotFoundError: `dataset` is not one of the forms above, or
+                lacks the column `dataset_prompt`.
         """
         from ._import_trl import read_trl
 
@@ -158,15 +162,17 @@ class RolloutLog:
 
     @classmethod
     def from_verl(cls, folder: str | os.PathLike[str], path: str | os.PathLike[str], *, tokenizer: Any,
-                  dataset: pd.DataFrame | None = None, dataset_prompt: str = "prompt",
+                  dataset: Any = None, dataset_prompt: str = "prompt",
                   max_completion_length: int | None = None, storage_options: dict[str, Any] | None = None) -> RolloutLog:
         """A new log at `path` holding a verl run's rollout dumps (`folder`: its
         `trainer.rollout_data_dir`), a part per step: `score` as the logged reward, `gts` as
         `ground_truth`, the reward manager's fields as columns. Text only, as `from_trl`: rows are
-        re-tokenized with `tokenizer` and marked `retokenized`.
+        re-tokenized with `tokenizer` and marked `retokenized`; `dataset` is joined as there.
 
         Raises:
             LogError: `folder` is not a verl dump, or in a layout this version does not know.
+            TypeError, ValueError, FileNotFoundError: `dataset` is not one of the forms `from_trl`
+                takes, or lacks the column `dataset_prompt`.
         """
         from ._import_verl import read_verl
 
@@ -177,21 +183,17 @@ class RolloutLog:
 
     @classmethod
     def _imported(cls, source: str, path: str | os.PathLike[str], steps: Sequence[TextStep], notes: list[str], *,
-                  tokenizer: Any, dataset: pd.DataFrame | None, dataset_prompt: str, weights: dict[str, float] | None,
+                  tokenizer: Any, dataset: Any, dataset_prompt: str, weights: dict[str, float] | None,
                   max_completion_length: int | None, storage_options: dict[str, Any] | None) -> RolloutLog:
         """A new log holding a framework's steps, with notes on what the import could not know."""
         from ..client._tokenizer import load_tokenizer
         from ..core._progress import ProgressLine
-        from ._text_rows import join_dataset, text_result
+        from ._text_rows import join_steps, text_result
 
+        # joined before the log exists: its notes say how many rows matched
+        joined = None if dataset is None else join_steps(steps, dataset, on=dataset_prompt)
         tok = load_tokenizer(os.fspath(tokenizer)) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-        matched = None
-        if dataset is not None:  # joined before the log exists: its notes say how many rows matched
-            joins = [join_dataset(rows.prompts, dataset, on=dataset_prompt) for rows in steps]
-            for rows, (joined, _) in zip(steps, joins):
-                rows.extra.update({k: v for k, v in joined.items() if k not in rows.extra})
-            matched = sum(count for _, count in joins)
-        notes = [*notes, *_import_notes(steps, tokenizer=tok, matched=matched, dataset_prompt=dataset_prompt,
+        notes = [*notes, *_import_notes(steps, tokenizer=tok, joined=joined,
                                         max_completion_length=max_completion_length)]
         log = cls.create(path, storage_options=storage_options, source=source, notes=notes)
         with ProgressLine(f"import {source}", total=len(steps), unit="step", show=None) as line:
@@ -422,7 +424,15 @@ class RolloutLog:
         whose score changed, the prompt groups that start or stop carrying a GRPO gradient, each
         row's advantage under both, per step the means, pass rates (reward >= `threshold`) and their
         paired difference with an interval over prompt groups, and the first step where the two part
-        ways. See `rlgen.compare.RewardDiff`."""
+        ways. See `rlgen.compare.RewardDiff`.
+
+        Only rows both versions scored are compared: the steps a re-score has not reached (yet) are
+        left out, and the diff's `notes` say which steps and how many rows.
+
+        Raises:
+            LogError: no re-scored version (and `b` not given), a version that does not exist, or no
+                row scored under both versions.
+        """
         from ..compare._reward_diff import reward_diff
 
         names = version_names(self._store)
@@ -433,13 +443,15 @@ class RolloutLog:
         light = ["step", "prompt_index", "prompt_key", "prompt", "completion", "finish_reason", "completion_tokens",
                  "prompt_messages"]
         rows = self.rows(steps=steps, columns=light)
-        if "prompt_messages" in rows.columns:  # a chat's last user message reads better than its template
-            rows["prompt"] = [_last_user(m, p) for m, p in zip(rows.pop("prompt_messages"), rows["prompt"])]
         scores = [self.rewards(v, steps=steps).loc[:, lambda d: [c for c in d.columns if c not in ("part", "row", "step")]]
                   for v in (a, b)]
+        both, notes = _scored_by_both(self._store, rows, (a, b))
+        rows, scores = rows[both], [s[both] for s in scores]
+        if "prompt_messages" in rows.columns:  # a chat's last user message reads better than its template
+            rows["prompt"] = [_last_user(m, p) for m, p in zip(rows.pop("prompt_messages"), rows["prompt"])]
         return reward_diff(rows, scores[0].set_axis(rows.index), scores[1].set_axis(rows.index), names=(a, b),
                            reward=reward, threshold=threshold, confidence=confidence, interval=interval,
-                           loader=self.load_rows)
+                           loader=self.load_rows, notes=notes)
 
     # -- views -------------------------------------------------------------------------------------
     def trend(self, *, version: str = LOGGED, steps: Steps = None, reward: str = "reward",
@@ -493,18 +505,17 @@ class RolloutLog:
         return log_html(self)
 
 
-def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, matched: int | None, dataset_prompt: str,
+def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, joined: list[str] | None,
                   max_completion_length: int | None) -> list[str]:
-    """What an import says it could not know, in the log's notes (`matched`: rows that matched a
-    dataset row, None without a dataset)."""
+    """What an import says it could not know, in the log's notes (`joined`: the dataset join's
+    notes, None without a dataset)."""
     name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
     faithful = sum(len(s.completions) for s in steps if s.completion_ids is not None)
     total = sum(len(s.completions) for s in steps)
     notes = [f"token ids: {total - faithful} of {total} rows re-tokenized from text with {name} (no logprobs; "
              "column 'retokenized')" + (f"; {faithful} rows kept the completion_ids the run logged" if faithful else "")]
-    if matched is not None:
-        notes.append(f"dataset joined on {dataset_prompt!r}: {matched} of {total} rows matched a dataset row "
-                     "(by the prompt's last user message)")
+    if joined is not None:
+        notes += joined
     else:
         notes.append("no dataset joined: columns the run did not log (the answer) are absent; pass dataset=")
     notes.append(f"finish reasons: 'length' where a completion has >= {max_completion_length} tokens, else 'unknown'"
@@ -526,6 +537,42 @@ def _stride(steps: Sequence[int]) -> int | None:
     if len(gaps) < 2:
         return None
     return math.gcd(*gaps[:-1])
+
+
+def _scored_by_both(store: Store, rows: pd.DataFrame, versions: tuple[str, str]) -> tuple[Any, list[str]]:
+    """Which of `rows` (with `part` and `step`) both versions scored (`logged`: every row; a
+    re-score: the parts it has scores of), and a note per version on the rows it left out.
+
+    Raises:
+        LogError: no row is scored under both.
+    """
+    import numpy as np
+
+    both = np.ones(len(rows), dtype=bool)
+    notes = []
+    for version in dict.fromkeys(v for v in versions if v != LOGGED):
+        scored = rows["part"].isin(scored_parts(store, version)).to_numpy(dtype=bool)
+        if not scored.all():
+            steps = sorted({int(s) for s in rows.loc[~scored, "step"]})
+            notes.append(f"left out: {int((~scored).sum())} rows of step{'s' if len(steps) > 1 else ''} "
+                         f"{_steps_text(steps)}, not scored under {version!r} (log.rescore with its functions and "
+                         f"version={version!r} goes on where it stopped)")
+        both &= scored
+    if not both.any():
+        raise LogError(f"no row is scored under both {versions[0]!r} and {versions[1]!r}: " + "; ".join(notes))
+    return both, notes
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    """Steps in runs: "2, 5-9, 12" (runs of consecutive steps as first-last), cut after 12 runs."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    text = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ", ".join(text[:12]) + (f", ... ({len(steps)} steps)" if len(text) > 12 else "")
 
 
 def _last_user(messages: Any, prompt: str) -> str:
