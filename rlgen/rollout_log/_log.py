@@ -1,11 +1,12 @@
 """`RolloutLog`: a training run's results, step by step, in one append-only folder.
 
 Owns: the public face of a log: creating and opening one (`log.json` marks the folder as a log and
-says where its rows came from), appending a result as a part of a step, listing parts and steps
+says where its rows came from), appending a result as a part of a step (its (step, name) claimed
+first, so that of writers appending it at once exactly one wins), listing parts and steps
 (and the steps missing from a regular stride), reading rows (light columns of many steps as one
 DataFrame; whole results of a step or a range), reward versions (`rescore`, `rewards`, `versions`),
-the diff of two versions, the trend across steps, one prompt across steps, SQL, and the notebook
-view. Knows nothing about how files are stored (`_store`), laid out (`_parts`), scored
+the diff of two versions (over the rows both scored; what one left out named in its notes), the
+trend across steps, one prompt across steps, SQL, and the notebook view. Knows nothing about how files are stored (`_store`), laid out (`_parts`), scored
 (`_rescore`), versioned (`_versions`), compared (`compare._reward_diff`) or drawn (`_views`).
 
 Words, said once (docs/architecture.md): a *log* is this folder; a *part* is one logged call's
