@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["FrameworkLog", "LogImportWarning", "TextStep", "join_dataset", "numbered_files", "prompt_text", "text_groups", "text_result"]
+__all__ = ["DATASET_FORMS", "FrameworkLog", "LogImportWarning", "TextStep", "as_dataframe", "join_steps",
+           "numbered_files", "prompt_text", "text_groups", "text_result"]
 
 _OWN = frozenset((*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS, *LOG_COLUMNS))
 
@@ -195,22 +197,130 @@ def _reward_columns(rows: TextStep, group: list[int], weights: Mapping[str, floa
     return out
 
 
-def join_dataset(prompts: list[Any], dataset: pd.DataFrame, *, on: str) -> tuple[dict[str, list[Any]], int]:
-    """The dataset's other columns for each logged prompt, matched on its text (chat prompts by
-    their last user message, since a framework's logged prompt may omit the system message its
-    chat template adds), and how many rows matched (None in the columns where one did not)."""
-    if on not in dataset.columns:
-        raise ValueError(f"the dataset has no column {on!r} to join on; its columns: {list(dataset.columns)}")
-    keys = [_join_key(p) for p in dataset[on].tolist()]
-    table = dict(zip(keys, range(len(keys))))
-    positions = [table.get(_join_key(p)) for p in prompts]
-    columns = {c: [None if k is None else dataset[c].iat[k] for k in positions] for c in dataset.columns if c != on}
-    return columns, sum(k is not None for k in positions)
+DATASET_FORMS = ("a pandas DataFrame, a datasets.Dataset, a list of dicts (one per row), or the path of a .json, "
+                 ".jsonl or .parquet file")
+
+
+def as_dataframe(dataset: Any) -> pd.DataFrame:
+    """`dataset=` as a DataFrame: a DataFrame, a `datasets.Dataset` (told by its module, not imported),
+    a list of dicts, or a .json (records, or JSON lines as `Dataset.to_json` writes), .jsonl or
+    .parquet file; JSON values are kept as written (no type guessing).
+
+    Raises:
+        TypeError: another kind of object (the message names the accepted ones).
+        ValueError: a file of another suffix, or one that holds no records.
+        FileNotFoundError: a path that is not a file.
+    """
+    import pandas as pd
+
+    if isinstance(dataset, pd.DataFrame):
+        return dataset
+    if isinstance(dataset, (str, os.PathLike)):
+        return pd.DataFrame(_dataset_records(os.fspath(dataset)))
+    if isinstance(dataset, list) and dataset and all(isinstance(r, Mapping) for r in dataset):
+        return pd.DataFrame([dict(r) for r in dataset])
+    if type(dataset).__module__.split(".")[0] == "datasets":
+        if callable(getattr(dataset, "to_pandas", None)):
+            table = dataset.to_pandas()
+            if isinstance(table, pd.DataFrame):
+                return table
+        if callable(getattr(dataset, "keys", None)):
+            raise TypeError(f"dataset= is a {type(dataset).__name__} of splits {list(dataset.keys())}: pass the "
+                            "split the run trained on, e.g. dataset=ds['train']")
+    what = "an empty list" if isinstance(dataset, list) and not dataset else type(dataset).__name__
+    raise TypeError(f"dataset= takes {DATASET_FORMS}; got {what}")
+
+
+def _dataset_records(path: str) -> list[dict[str, Any]]:
+    """A dataset file's rows as dicts (see `as_dataframe`)."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in (".json", ".jsonl", ".parquet"):
+        raise ValueError(f"dataset={path!r}: a file's suffix must be .json, .jsonl or .parquet (dataset= takes "
+                         f"{DATASET_FORMS})")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"dataset={path!r} is not a file: give the dataset the run trained on ({DATASET_FORMS})")
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows: list[Any] = pq.read_table(path).to_pylist()
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        lines = suffix == ".jsonl" or not text.lstrip().startswith("[")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if lines else json.loads(text)
+    if not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"dataset={path!r} holds no records (rows as objects with the prompt column)")
+    return rows
+
+
+def join_steps(steps: Sequence[TextStep], dataset: Any, *, on: str) -> list[str]:
+    """The dataset's other columns added to each step's rows (where a row has no column of that
+    name), matched on the prompt: its text, chat prompts by their last user message (a framework's
+    logged prompt may omit the system message its chat template adds). A prompt listed more than
+    once with different values is ambiguous: its rows are left unjoined (None), never given one of
+    them. Returns the notes; warns (`LogImportWarning`) where no row matched or prompts were ambiguous.
+
+    Raises:
+        TypeError, ValueError, FileNotFoundError: `dataset` is not one of the forms accepted
+            (`as_dataframe`), or has no column `on`.
+    """
+    table = as_dataframe(dataset)
+    if on not in table.columns:
+        raise ValueError(f"the dataset has no column {on!r} to join on (dataset_prompt=); its columns: "
+                         f"{list(table.columns)}")
+    others = [c for c in table.columns if c != on]
+    first: dict[str, int] = {}
+    values: dict[str, set[str]] = {}
+    for k, key in enumerate(_join_key(p) for p in table[on].tolist()):
+        first.setdefault(key, k)
+        values.setdefault(key, set()).add(json.dumps([_plain_value(table[c].iat[k]) for c in others], default=str))
+    unclear = {key for key, seen in values.items() if len(seen) > 1}
+    matched = ambiguous = total = 0
+    for rows in steps:
+        keys = [_join_key(p) for p in rows.prompts]
+        positions = [None if key in unclear else first.get(key) for key in keys]
+        rows.extra.update({c: [None if k is None else table[c].iat[k] for k in positions]
+                           for c in others if c not in rows.extra})
+        matched += sum(k is not None for k in positions)
+        ambiguous += sum(key in unclear for key in keys)
+        total += len(keys)
+    notes = [f"dataset joined on {on!r}: {matched} of {total} rows matched a dataset row (by the prompt's last user "
+             "message)"]
+    if unclear:
+        example = sorted(unclear)[0]
+        notes.append(f"dataset join ambiguous: {len(unclear)} prompts are listed more than once with different "
+                     f"values (e.g. {example[:80]!r}: {len(values[example])} versions); the {ambiguous} logged rows "
+                     "with such a prompt were left unjoined (None): which row the run trained on cannot be told. "
+                     "Deduplicate the dataset, or join on a column that tells them apart")
+    if matched == 0 and total:
+        logged = next((_join_key(p) for rows in steps for p in rows.prompts), "")
+        listed = next(iter(first), "")
+        notes.append(f"dataset join matched none of the {total} rows: no logged prompt is in column {on!r} (logged: "
+                     f"{logged[:60]!r}; dataset: {listed[:60]!r}); check that dataset_prompt= names the column of the "
+                     "prompts the run trained on, and that this is the run's dataset")
+    for note in notes[1:]:
+        warnings.warn(note, LogImportWarning, stacklevel=4)
+    return notes
+
+
+def _plain_value(value: Any) -> Any:
+    """A dataset value as JSON-able data (numpy arrays as lists), to tell two rows' values apart."""
+    if isinstance(value, np.ndarray):
+        return [_plain_value(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [_plain_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain_value(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _join_key(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt.strip()
+    if isinstance(prompt, np.ndarray):  # a chat as parquet and datasets give it back
+        prompt = prompt.tolist()
     if isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
         users = [m for m in prompt if m.get("role") == "user"]
         return str((users[-1] if users else prompt[-1]).get("content", "")).strip()
