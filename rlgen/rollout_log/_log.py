@@ -147,7 +147,8 @@ class RolloutLog:
 
         Raises:
             LogError: `folder` is not a TRL run's output, in a layout this version does not know, or
-                its rows do not divide into groups of `num_generations` rows of one prompt.
+                its rows do not divide into groups of `num_generations` rows of one prompt; a log is
+                already at `path` (an import makes a new log: read that one, or give a new path).
             TypeError, ValueError, FileNotFoundError: `dataset` is not one of the forms above, or
                 lacks the column `dataset_prompt`.
         """
@@ -171,7 +172,8 @@ class RolloutLog:
         re-tokenized with `tokenizer` and marked `retokenized`; `dataset` is joined as there.
 
         Raises:
-            LogError: `folder` is not a verl dump, or in a layout this version does not know.
+            LogError: `folder` is not a verl dump, or in a layout this version does not know; a log
+                is already at `path`.
             TypeError, ValueError, FileNotFoundError: `dataset` is not one of the forms `from_trl`
                 takes, or lacks the column `dataset_prompt`.
         """
@@ -186,11 +188,20 @@ class RolloutLog:
     def _imported(cls, source: str, path: str | os.PathLike[str], steps: Sequence[TextStep], notes: list[str], *,
                   tokenizer: Any, dataset: Any, dataset_prompt: str, weights: dict[str, float] | None,
                   max_completion_length: int | None, storage_options: dict[str, Any] | None) -> RolloutLog:
-        """A new log holding a framework's steps, with notes on what the import could not know."""
+        """A new log holding a framework's steps, with notes on what the import could not know.
+
+        Raises:
+            LogError: a log is already at `path` (an import never adds to or replaces one).
+        """
         from ..client._tokenizer import load_tokenizer
         from ..core._progress import ProgressLine
         from ._text_rows import join_steps, text_result
 
+        store = open_store(path, storage_options=storage_options)
+        if store.exists(_MARKER):
+            raise LogError(f"a rollout log is already at {store.url}: an import makes a new log, never adds to or "
+                           f"replaces one; read that one with rlgen.RolloutLog({store.url!r}), or import into a new "
+                           "path (delete the old log first to import again at this one)", path=store.url)
         # joined before the log exists: its notes say how many rows matched
         joined = None if dataset is None else join_steps(steps, dataset, on=dataset_prompt)
         tok = load_tokenizer(os.fspath(tokenizer)) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer

@@ -114,3 +114,13 @@ def test_folders_a_framework_did_not_write_or_wrote_in_another_layout_are_refuse
     with pytest.raises(rlgen.LogError, match=r"2.jsonl line 1 is not JSON.*cut short"):
         rlgen.RolloutLog.from_verl(verl, tmp_path / "run", tokenizer=None)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(300)
+def test_an_import_onto_an_existing_log_says_to_read_it_or_import_to_a_new_path(tmp_path: Path, tokenizer: str) -> None:
+    first = rlgen.RolloutLog.from_verl(VERL, tmp_path / "run", tokenizer=tokenizer)
+    with pytest.raises(rlgen.LogError, match=r"already at .*an import makes a new log, never adds to or replaces one; "
+                                             r"read that one with rlgen.RolloutLog\(.*\), or import into a new path") as err:
+        rlgen.RolloutLog.from_trl(TRL, tmp_path / "run", tokenizer=None)  # refused before any row is read for it
+    assert "exist_ok" not in str(err.value)  # from_trl takes no exist_ok: the message names only what works
+    assert rlgen.RolloutLog(tmp_path / "run").steps == first.steps
