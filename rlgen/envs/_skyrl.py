@@ -28,8 +28,16 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core._options import check_seconds
-from ..episodes._env import Environment, EnvReply, EpisodeEnv, failure_reply, normalise_return
+from ..episodes._env import (
+    ENV_TIMEOUT,
+    Environment,
+    EnvReply,
+    EpisodeEnv,
+    Timeout,
+    failure_reply,
+    normalise_return,
+    own_timeout,
+)
 from ..episodes._tools import Ran, run_contained, within
 
 __all__ = ["from_skyrl", "looks_like_skyrl"]
@@ -103,26 +111,32 @@ class _SkyRLEpisode(EpisodeEnv):
         return self._failed(ran, f"{self.cls.__name__}.close") or EnvReply(seconds=ran.seconds)
 
 
-def from_skyrl(cls: type, *, env_config: Any = None, timeout: float | None = 30.0) -> Environment:
+def from_skyrl(cls: type, *, env_config: Any = None, timeout: Timeout = ENV_TIMEOUT) -> Environment:
     """A SkyRL-gym `BaseTextEnv` subclass as an environment of `Engine.episodes` (see the module
     docstring); each prompt's `data=` is its `extras`.
 
     Args:
         cls: the environment class (e.g. `skyrl_gym.envs.gsm8k.multi_turn_env.GSM8kMultiTurnEnv`).
         env_config: its first constructor argument, the same for every episode.
-        timeout: seconds for construction with init, each step, and close.
+        timeout: seconds for construction with init, each step, and close. Default: the call's
+            `env_timeout` (30 s unless the call gives another); given here, it wins over `env_timeout`.
 
     Raises:
         TypeError: `cls` is not a class with `step`; ValueError: a bad timeout.
     """
     if not inspect.isclass(cls) or not callable(getattr(cls, "step", None)):
         raise TypeError(f"from_skyrl takes a BaseTextEnv subclass, got {cls!r}")
-    timeout = check_seconds("from_skyrl(timeout=)", timeout)
+    seconds, given = own_timeout("from_skyrl(timeout=)", timeout)
 
     def reward(row: Mapping[str, Any]) -> float | None:
         steps = row.get("step_rewards")  # none when no step gave a reward (it failed before one)
         return float(sum(steps)) if steps is not None and not isinstance(steps, float) and len(steps) else None
 
     reward.__qualname__ = f"{cls.__name__}: the sum of the step rewards"
-    return Environment(lambda: _SkyRLEpisode(cls, env_config, timeout), "framework", None, timeout,
-                       reward_funcs={cls.__name__: reward})
+    def build(seconds: float | None) -> Environment:
+        return Environment(lambda: _SkyRLEpisode(cls, env_config, seconds), "framework", None, seconds,
+                           reward_funcs={cls.__name__: reward})
+
+    env = build(seconds)
+    env.retime = None if given else build
+    return env

@@ -38,8 +38,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..core._options import check_seconds
-from ..episodes._env import Environment, EnvReply, ToolEnv, failure_reply
+from ..episodes._env import ENV_TIMEOUT, Environment, EnvReply, Timeout, ToolEnv, failure_reply, own_timeout
 from ..episodes._tool_calls import ToolCall, ToolCallParser
 from ..episodes._tools import ToolResult, run_contained, tools_from, within
 
@@ -141,7 +140,7 @@ def _reward_funcs(classes: Sequence[type], extra: Any) -> dict[str, Callable[...
 
 
 def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallParser = "hermes",
-             timeout: float | None = 30.0, on_tool_error: str = "end") -> Environment:
+             timeout: Timeout = ENV_TIMEOUT, on_tool_error: str = "end") -> Environment:
     """A TRL `environment_factory` as an environment of `Engine.episodes` (see the module docstring).
 
     Args:
@@ -153,7 +152,8 @@ def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallPa
             the episodes with `environments=` as TRL calls them; their columns join get_reward's.
         parser: how a turn's tool calls are read ("hermes", "server" / "server:<name>" for SGLang's
             own parser, or a function); see `rlgen.episodes.tool_env`.
-        timeout: seconds per tool call, and for reset.
+        timeout: seconds per tool call, and for reset. Default: the call's `env_timeout` (30 s
+            unless the call gives another); given here, it wins over `env_timeout`.
         on_tool_error: "end" (the episode ends with the tool's status and traceback) or "reply"
             (the model reads `{'error': ...}` and the episode goes on, as in TRL).
 
@@ -163,7 +163,7 @@ def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallPa
     """
     if on_tool_error not in ("end", "reply"):
         raise ValueError(f"on_tool_error must be 'end' or 'reply', got {on_tool_error!r}")
-    timeout = check_seconds("from_trl(timeout=)", timeout)
+    seconds, given = own_timeout("from_trl(timeout=)", timeout)
     factories = dict(factory) if isinstance(factory, Mapping) else {None: factory}
     classes: dict[Any, type] = {}
     schemas: dict[str, dict[str, Any]] = {}
@@ -181,9 +181,15 @@ def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallPa
             schemas.setdefault(tool.name, tool.schema)
         classes[name] = cls
 
-    return Environment(lambda: _TRLRow(factories, parser=parser, timeout=timeout, on_tool_error=on_tool_error),
-                       "framework", list(schemas.values()), timeout,
-                       reward_funcs=_reward_funcs(list(classes.values()), reward_funcs) or None)
+    rewards = _reward_funcs(list(classes.values()), reward_funcs) or None
+
+    def build(seconds: float | None) -> Environment:
+        return Environment(lambda: _TRLRow(factories, parser=parser, timeout=seconds, on_tool_error=on_tool_error),
+                           "framework", list(schemas.values()), seconds, reward_funcs=rewards)
+
+    env = build(seconds)
+    env.retime = None if given else build
+    return env
 
 
 class _TRLRow(_TRLEpisode):

@@ -35,7 +35,8 @@ Statuses: verifiers' stop conditions ("max_turns_reached" is "max_turns", "promp
 into `state["error"]` (`ToolParseError` "bad_tool_call", `ToolCallError` "tool_error",
 `ModelError` "request_error", any other "env_error", with its text, causes and traceback); any
 other exception out of `rollout` that episode's "env_error" with its traceback (the others go on);
-outliving `timeout=` "env_timeout". rlgen's own ends win: `max_turns` (verifiers asks for one turn
+outliving `timeout=` "env_timeout", and so is an environment step outliving `step_timeout=` (the
+call's `env_timeout` by default: `_StepClock`). rlgen's own ends win: `max_turns` (verifiers asks for one turn
 more), "context_limit" (raised to verifiers as `OverlongPromptError`), "request_error",
 "template_error", "error" (a bug here, with its traceback). A call the parser cannot read is kept
 as data (the env turn's `calls`), never sent to verifiers, so never run; an episode that ends right
@@ -50,6 +51,7 @@ Engine; verifiers is imported only when a rollout's client is made.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib
 import json
@@ -61,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core._options import check_seconds
-from ..episodes._env import Environment
+from ..episodes._env import ENV_TIMEOUT, Environment, Timeout, own_timeout
 from ..episodes._episode import EpisodeCall, sample_turn
 from ..episodes._result import EpisodeRecord, Turn
 from ..episodes._runner import LoopCall
@@ -188,6 +190,36 @@ class _Sampled:
     rid: str | None
 
 
+class _StepClock:
+    """The environment's stretches of one rollout, each bounded by `seconds` (`step_timeout`, the
+    call's `env_timeout`): from the rollout's start to its first model call (`setup_state`), and
+    from each answer to the next call or the rollout's end (`env_response` with its tools, the stop
+    conditions). A stretch that outlives it cancels the rollout (`expired`); the model's time is
+    never counted. Sync work that blocks the event loop cannot be stopped this way (as with
+    `timeout=`)."""
+
+    def __init__(self, task: asyncio.Future[Any], seconds: float | None) -> None:
+        self.task, self.seconds, self.expired = task, seconds, False
+        self._timer: asyncio.TimerHandle | None = None
+        self.resume()
+
+    def pause(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def resume(self) -> None:
+        self.pause()
+        if self.seconds is not None and not self.task.done():
+            self._timer = asyncio.get_running_loop().call_later(self.seconds, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if not self.task.done():
+            self.expired = True
+            self.task.cancel()
+
+
 @dataclass
 class _Rollout:
     """One rollout's bookkeeping: the record it fills, the messages verifiers has been sent
@@ -204,6 +236,7 @@ class _Rollout:
     state: Any = None
     tools: list[dict[str, Any]] | None = None
     returned_at: float = 0.0                        # when the last turn went back to verifiers
+    clock: _StepClock | None = None                 # bounds the environment's steps between turns
     calls: list[dict[str, Any]] = field(default_factory=list)  # the last turn's calls, for its env turn
     bad_call: str | None = None                     # the last turn's malformed call, if any
     in_think: int = 0                               # the last turn's call markers inside <think> (not read)
@@ -215,6 +248,8 @@ class _Rollout:
             self.state = state
         if self.ended is not None:
             raise self.ended
+        if self.clock is not None:
+            self.clock.pause()  # the model's turn: not the environment's time
         try:
             if not self.seen:
                 self._start(messages, tools)
@@ -227,6 +262,9 @@ class _Rollout:
         except Exception as e:  # a bug here, not the environment's: the episode's "error"
             self.ended = _Stop("error", f"{type(e).__name__}: {e}", "".join(tb.format_exception(e)))
             raise self.ended from e
+        finally:
+            if self.clock is not None:
+                self.clock.resume()
 
     def _start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
         record, call = self.record, self.call
@@ -483,6 +521,7 @@ class _Options:
     sampling_args: Mapping[str, Any] | None
     parser: str
     timeout: float | None
+    step_timeout: float | None
 
 
 def _rollout_input(chat: Sequence[Mapping[str, Any]], data: Any, prompt_index: int) -> dict[str, Any]:
@@ -501,8 +540,17 @@ async def _one(vf_env: Any, loop: LoopCall, record: EpisodeRecord, opts: _Option
     try:
         client = _client_class()(rollout)
         task = asyncio.ensure_future(vf_env.rollout(inp, client, opts.model, dict(opts.sampling_args or {})))
-        done, _ = await asyncio.wait({task}, timeout=opts.timeout)
-        if not done:
+        rollout.clock = clock = _StepClock(task, opts.step_timeout)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=opts.timeout)
+        finally:
+            clock.pause()
+        if clock.expired:
+            await asyncio.gather(task, return_exceptions=True)
+            failure = _Stop("env_timeout", f"TimeoutError: an environment step (setup_state, env_response with its "
+                                           f"tools, or a stop condition) did not finish {within(opts.step_timeout)} "
+                                           "(env_timeout=, or from_verifiers(step_timeout=))")
+        elif not done:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await loop.call.sender.abort_given_up()  # its request in flight, if any: nobody reads it now
@@ -580,7 +628,8 @@ def _no_episode_env() -> Any:
 
 
 def from_verifiers(vf_env: Any, *, model: str = "rlgen", sampling_args: Mapping[str, Any] | None = None,
-                   parser: str = "server", timeout: float | None = None, name: str | None = None) -> Environment:
+                   parser: str = "server", timeout: float | None = None, step_timeout: Timeout = ENV_TIMEOUT,
+                   name: str | None = None) -> Environment:
     """A verifiers v0 environment as an environment of `Engine.episodes` (see the module docstring).
 
     Args:
@@ -597,6 +646,10 @@ def from_verifiers(vf_env: Any, *, model: str = "rlgen", sampling_args: Mapping[
         timeout: seconds per rollout ("env_timeout" after; the rollout is cancelled, its request in
             flight aborted on the server); None: no limit (verifiers' own `timeout_seconds`
             still applies).
+        step_timeout: seconds per environment step: each stretch of the rollout outside the model
+            (`setup_state`, `env_response` with its tools, the stop conditions; "env_timeout" after,
+            the rollout cancelled). Default: the call's `env_timeout` (30 s unless the call gives
+            another); given here, it wins over `env_timeout`.
         name: the reward's name (default: the environment's class name).
 
     Raises:
@@ -610,9 +663,16 @@ def from_verifiers(vf_env: Any, *, model: str = "rlgen", sampling_args: Mapping[
         raise ValueError(f"unknown tool-call parser {parser!r}: 'server' or 'server:<name>' (SGLang's "
                          "--tool-call-parser names), or 'hermes'")
     timeout = check_seconds("from_verifiers(timeout=)", timeout)
+    seconds, given = own_timeout("from_verifiers(step_timeout=)", step_timeout)
     opts = _Options(model, sampling_args if sampling_args is not None else getattr(vf_env, "sampling_args", None),
-                    parser, timeout)
+                    parser, timeout, seconds)
     reward_name = name or type(vf_env).__name__
-    return Environment(_no_episode_env, "framework", _schemas(getattr(vf_env, "tool_defs", None)), timeout,
-                       reward_funcs={reward_name: _reward(reward_name)},
-                       loop=functools.partial(_run_call, vf_env, opts))
+
+    def build(seconds: float | None) -> Environment:
+        return Environment(_no_episode_env, "framework", _schemas(getattr(vf_env, "tool_defs", None)), seconds,
+                           reward_funcs={reward_name: _reward(reward_name)},
+                           loop=functools.partial(_run_call, vf_env, dataclasses.replace(opts, step_timeout=seconds)))
+
+    env = build(seconds)
+    env.retime = None if given else build
+    return env

@@ -51,8 +51,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..core._options import check_seconds
-from ..episodes._env import Environment, EnvReply, ToolEnv
+from ..episodes._env import ENV_TIMEOUT, Environment, EnvReply, Timeout, ToolEnv, own_timeout
 from ..episodes._tool_calls import ParsedTurn, ToolCall, ToolCallParser
 from ..episodes._tools import Tool, ToolResult, run_contained, within
 
@@ -350,7 +349,7 @@ _tool_rewards.__qualname__ = "verl tools: the sum of the step rewards"
 
 def from_verl(tools: Any = None, *, tool_config_path: str | None = None, function_tool_path: str | None = None,
               compute_score: Callable[..., Any] | None = None, parser: str | ToolCallParser = "hermes",
-              timeout: float | None = 30.0, on_tool_error: str = "end", max_tool_response_length: int | None = None,
+              timeout: Timeout = ENV_TIMEOUT, on_tool_error: str = "end", max_tool_response_length: int | None = None,
               tool_response_truncate_side: str = "middle", max_parallel_calls: int | None = None) -> Environment:
     """verl's tools as an environment of `Engine.episodes` (see the module docstring); each prompt's
     `data=` is its verl dataset row (`extra_info.tools_kwargs`, `reward_model.ground_truth`, ...).
@@ -362,7 +361,8 @@ def from_verl(tools: Any = None, *, tool_config_path: str | None = None, functio
         compute_score: verl's custom reward function, scored once the episodes have ended.
         parser: how a turn's calls are read ("hermes", verl's `multi_turn.format`; "server" /
             "server:<name>" for SGLang's own; or a function); see `rlgen.episodes.tool_env`.
-        timeout: seconds per call (create, execute and release together).
+        timeout: seconds per call (create, execute and release together). Default: the call's
+            `env_timeout` (30 s unless the call gives another); given here, it wins over `env_timeout`.
         on_tool_error: "end" (the episode ends with the status and traceback) or "reply" (the model
             reads verl's "Error executing tool ..." and the episode goes on).
         max_tool_response_length / tool_response_truncate_side: verl's settings of those names
@@ -383,14 +383,21 @@ def from_verl(tools: Any = None, *, tool_config_path: str | None = None, functio
             raise ValueError(f"{name} must be a positive int or None, got {value!r}")
     if compute_score is not None and not callable(compute_score):
         raise TypeError(f"compute_score must be a function, got {compute_score!r}")
-    timeout = check_seconds("from_verl(timeout=)", timeout)
+    seconds, given = own_timeout("from_verl(timeout=)", timeout)
     by_name = _collect(tools, tool_config_path, function_tool_path)
     schemas = {name: _schema(tool) for name, tool in by_name.items()}
-    options = _Options(timeout, on_tool_error, parser, max_tool_response_length, tool_response_truncate_side,
+    options = _Options(seconds, on_tool_error, parser, max_tool_response_length, tool_response_truncate_side,
                        max_parallel_calls)
     _VerlEpisode(by_name, schemas, options)  # the parser and options checked once, before anything runs
     rewards: dict[str, Callable[..., Any]] = {"verl_tools": _tool_rewards}
     if compute_score is not None:
         rewards[getattr(compute_score, "__name__", "compute_score")] = _score_row(compute_score)
-    return Environment(lambda: _VerlEpisode(by_name, schemas, options), "framework", list(schemas.values()),
-                       timeout, reward_funcs=rewards)
+
+    def build(seconds: float | None) -> Environment:
+        timed = dataclasses.replace(options, timeout=seconds)
+        return Environment(lambda: _VerlEpisode(by_name, schemas, timed), "framework", list(schemas.values()),
+                           seconds, reward_funcs=rewards)
+
+    env = build(seconds)
+    env.retime = None if given else build
+    return env

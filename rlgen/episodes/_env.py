@@ -37,19 +37,48 @@ takes messages and data and returns messages and statuses.
 
 from __future__ import annotations
 
+import copy
+import enum
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..core._options import check_seconds
 from ._tool_calls import ParsedTurn, ToolCall, ToolCallParser, outside_think, parse_tool_calls, parse_with_server
 from ._tools import Ran, Tool, ToolResult, acall_tool, run_contained, tools_from, within
 
-__all__ = ["ENV_ROLES", "EnvReply", "Environment", "EpisodeEnv", "ToolEnv", "as_environment", "failure_reply", "tool_env"]
+__all__ = ["ENV_ROLES", "ENV_TIMEOUT", "EnvReply", "Environment", "EpisodeEnv", "Timeout", "ToolEnv", "as_environment",
+           "failure_reply", "own_timeout", "tool_env"]
 
 ENV_ROLES = ("user", "tool", "system")
+
+
+class _CallTimeout(enum.Enum):
+    ENV_TIMEOUT = "env_timeout"
+
+    def __repr__(self) -> str:
+        return "ENV_TIMEOUT"
+
+
+# The default of `tool_env(timeout=)` and of the framework adapters' `timeout=`: the call's
+# `env_timeout` (`as_environment` gives it; 30 s where no call does). A value given instead wins.
+ENV_TIMEOUT = _CallTimeout.ENV_TIMEOUT
+Timeout = float | None | Literal[_CallTimeout.ENV_TIMEOUT]
+
+
+def own_timeout(name: str, value: Timeout, default: float | None = 30.0) -> tuple[float | None, bool]:
+    """A `timeout=` that defaults to the call's `env_timeout`, checked: (seconds, whether given).
+    Not given (`ENV_TIMEOUT`), the seconds are `default` until a call's `env_timeout` replaces them
+    (`Environment.retime`, `ToolEnv.with_timeout`); given, they stay.
+
+    Raises:
+        ValueError: not a positive number of seconds or None (`check_seconds`, named `name`).
+    """
+    if value is ENV_TIMEOUT:
+        return default, False
+    return check_seconds(name, value), True
 _EXPECTED = ('a str (one user message), a message dict {"role": "user" | "tool" | "system", "content": str}, '
              'a list of such dicts, or None / "done" to end the episode')
 
@@ -230,20 +259,22 @@ class ToolEnv(EpisodeEnv):
     Attributes:
         tools: the Tools, by name in `by_name`.
         schemas: their function-calling schemas (given to the chat template).
+        timeout / timeout_given: seconds per call, and whether `timeout=` gave them (else they
+            are the call's `env_timeout`, `with_timeout`).
     """
 
-    def __init__(self, tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: float | None = 30.0,
+    def __init__(self, tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: Timeout = ENV_TIMEOUT,
                  on_tool_error: str = "end") -> None:
         if on_tool_error not in ("end", "reply"):
             raise ValueError(f"on_tool_error must be 'end' or 'reply', got {on_tool_error!r}")
-        timeout = check_seconds("tool_env(timeout=)", timeout)
+        seconds, self.timeout_given = own_timeout("tool_env(timeout=)", timeout)
         if isinstance(parser, str) and parser != "hermes" and not parser.startswith("server"):
             raise ValueError(f"unknown tool-call parser {parser!r}: the built-in one is 'hermes', the server's is "
                              "'server' or 'server:<name>' (an SGLang --tool-call-parser name), or pass a function")
         self.tools: list[Tool] = tools_from(tools)
         self.by_name = {t.name: t for t in self.tools}
         self.schemas = [t.schema for t in self.tools]
-        self.parser, self.timeout, self.on_tool_error = parser, timeout, on_tool_error
+        self.parser, self.timeout, self.on_tool_error = parser, seconds, on_tool_error
         # "server[:name]": the server's own parser through /parse_function_call (hermes by default),
         # posted with the client the runner binds (`bind_client`).
         self.server_parser: str | None = None
@@ -253,6 +284,15 @@ class ToolEnv(EpisodeEnv):
                 raise ValueError(f"unknown tool-call parser {parser!r}: write 'server' or 'server:<name>'")
             self.server_parser = name
         self._client: Any = None
+
+    def with_timeout(self, timeout: float | None) -> ToolEnv:
+        """This tool environment with the call's `env_timeout` per tool call, when its own
+        `timeout=` was not given (else itself: the value given wins)."""
+        if self.timeout_given:
+            return self
+        other = copy.copy(self)
+        other.timeout, other.timeout_given = timeout, True
+        return other
 
     def bind_client(self, client: Any) -> None:
         """The client that posts to the server (the runner binds its own), for a "server" parser."""
@@ -341,7 +381,7 @@ class ToolEnv(EpisodeEnv):
         return reply
 
 
-def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: float | None = 30.0,
+def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: Timeout = ENV_TIMEOUT,
              on_tool_error: str = "end") -> ToolEnv:
     """The built-in tool environment: runs the tool calls of the assistant's last turn.
 
@@ -352,6 +392,8 @@ def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: fl
             hermes by default; the CPU backend knows hermes), or a function text -> ParsedTurn |
             [(name, args)].
         timeout: seconds per tool call ("tool_timeout" after); a positive number, or None (no limit).
+            Default: the call's `env_timeout` (30 s unless the call gives another); given here, it
+            wins over `env_timeout`.
         on_tool_error: "end" (the episode ends with the tool's status) or "reply" (the error text is
             the tool message, and the episode goes on).
     """
@@ -383,7 +425,10 @@ class Environment:
     (`Engine.episodes` adds them with `add_rewards`, in threads: they may read the episodes'
     `environments`); and `loop`, for a framework whose environment owns its loop (verifiers'
     `rollout` is final): the runner then hands the whole call to it (`LoopCall`), and it fills the
-    records as `Episode` would."""
+    records as `Episode` would.
+
+    `retime`, set by an adapter whose own `timeout=` was not given: the same environment with
+    another timeout, which `as_environment` calls with the call's `env_timeout`."""
 
     make: Callable[[], Any]
     kind: str                                  # "function", "class", "factory", "tools", "framework"
@@ -391,6 +436,7 @@ class Environment:
     timeout: float | None
     reward_funcs: Mapping[str, Callable[..., Any]] | None = None
     loop: Callable[[Any], Awaitable[None]] | None = None
+    retime: Callable[[float | None], Environment] | None = None
 
     async def new(self) -> EpisodeEnv | EnvReply:
         if self.kind in ("function", "tools"):
@@ -426,18 +472,21 @@ def as_environment(env: Any, *, timeout: float | None = 30.0) -> Environment:
     objects (a callable taking no arguments), a `tool_env(...)`, or a list / dict of tool functions
     (made into `tool_env(env)`); an `Environment` already made is returned as it is.
 
+    `timeout` (the call's `env_timeout`) bounds each step, and each tool call of a tool list; it
+    also reaches a `tool_env(...)` and a framework adapter's environment (`rlgen.envs`) made
+    without a `timeout=` of their own (`ToolEnv.with_timeout`, `Environment.retime`); one they
+    were given wins.
+
     Raises:
         TypeError: `env` is none of these (e.g. an instance with step(): pass its class or a factory,
             since each episode needs its own; an async generator function).
         ValueError: `timeout` is not a positive number of seconds or None.
     """
-    if isinstance(env, Environment):
-        return env
     timeout = check_seconds("env_timeout", timeout)
-    if isinstance(env, ToolEnv):
-        return Environment(lambda: env, "tools", env.schemas, timeout)
-    if isinstance(env, (list, tuple, Mapping, Tool)):
-        built = tool_env(env)
+    if isinstance(env, Environment):
+        return env if env.retime is None else env.retime(timeout)
+    if isinstance(env, (ToolEnv, list, tuple, Mapping, Tool)):
+        built = env.with_timeout(timeout) if isinstance(env, ToolEnv) else tool_env(env, timeout=timeout)
         return Environment(lambda: built, "tools", built.schemas, timeout)
     if inspect.isclass(env):
         if not callable(getattr(env, "step", None)):
