@@ -15,7 +15,8 @@ Owns: turning what the user passes as `env=` into one object the episode runner 
   (`{"role": "tool", "name": ..., "content": result text}`); a turn without a tool call ends the
   episode ("done"); a malformed call ends it with "bad_tool_call"; a failing tool ends it with the
   tool's status ("tool_error", "tool_timeout", "bad_arguments", "not_serialisable"), or, with
-  `on_tool_error="reply"`, answers the model with the error text and goes on.
+  `on_tool_error="reply"`, answers the model with the error text and goes on (the env turn's `calls` keep the
+  failed call's traceback).
 
 What is wrong with `env=` itself is refused by `as_environment` before anything runs (TypeError /
 ValueError): an instance where each episode needs its own, an async generator function (it would
@@ -96,7 +97,9 @@ class EnvReply:
         traceback: the traceback text of an exception, else None.
         seconds: the step's wall time.
         tool_calls / tool_calls_failed: the calls `tool_env` ran in this step, and those not "ok".
-        calls: per call `{"name", "arguments", "status", "error"}` (tool_env only).
+        calls: per call `{"name", "arguments", "status", "error", "result"}` (tool_env and the tool
+            adapters), and a failed call's `"traceback"` (None for a status without one: a timeout,
+            bad arguments), kept also where `on_tool_error="reply"` lets the episode go on.
         reward: the step's reward, when the environment gives one per step (SkyRL's `step`, a verl
             tool's `execute`): the env turn's `reward`, summed in the episodes' `step_rewards`.
         info: what else the environment said about the step (SkyRL's metadata, a tool's metrics,
@@ -368,6 +371,7 @@ class ToolEnv(EpisodeEnv):
             reply.calls.append({"name": call.name, "arguments": call.arguments, "status": result.status,
                                 "error": result.error, "result": result.text if result.ok else None})
             if not result.ok:
+                reply.calls[-1]["traceback"] = result.traceback  # kept under "reply" too, where the episode goes on
                 reply.tool_calls_failed += 1
                 if self.on_tool_error == "end":
                     reply.status, reply.error, reply.traceback = result.status, \

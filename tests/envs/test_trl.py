@@ -170,6 +170,14 @@ def test_a_failing_tool_ends_the_episode_with_its_traceback_or_answers_as_trl_wi
                                "content": str({"error": 'can only concatenate str (not "int") to str'})}]
 
 
+def test_on_tool_error_reply_answers_as_trl_and_keeps_the_traceback_in_the_call_record() -> None:
+    ep, _ = _episode(from_trl(StartEnv, on_tool_error="reply"), data={"start": "1", "target": 4})
+    reply = _step(ep, CALL)
+    assert reply.status is None and reply.traceback is None
+    (call,) = reply.calls
+    assert call["status"] == "tool_error" and "self.counter += step" in call["traceback"]
+
+
 def test_a_reset_that_raises_is_the_episodes_env_error_with_its_traceback() -> None:
     _, reply = _episode(from_trl(StartEnv), data={"target": 4})  # no start
     assert reply.status == "env_error" and "KeyError" in reply.error and "kwargs[\"start\"]" in reply.traceback

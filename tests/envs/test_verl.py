@@ -240,6 +240,14 @@ def test_on_tool_error_reply_sends_verls_wording_back_and_goes_on() -> None:
     assert alone.reward == 0.0 and alone.status is None  # verl's tool_rewards get 0.0 for a failed call
 
 
+def test_on_tool_error_reply_keeps_the_failing_calls_traceback_in_its_call_record() -> None:
+    env = from_verl([faulty("execute"), get_weather], on_tool_error="reply")
+    _, reply = step(env, call("calc_gsm8k_reward", answer="72") + call("get_weather", city="Oslo"))
+    failed, ok = reply.calls
+    assert reply.status is None and "traceback" not in ok
+    assert "raise ValueError(f\"cannot check" in failed["traceback"] and "in execute" in failed["traceback"]
+
+
 def test_a_tool_call_inside_think_is_not_executed() -> None:
     tool = answer_tool()
     _, reply = step(from_verl([tool]), "<think>maybe " + call("calc_gsm8k_reward", answer="72") + "</think>It is 72.")

@@ -196,3 +196,15 @@ def test_tool_env_failures() -> None:
     assert goes_on.messages[0]["role"] == "tool" and "tool broke" in goes_on.messages[0]["content"]
     # a plain list of functions is a tool environment too
     assert as_environment([add]).kind == "tools"
+
+
+def test_on_tool_error_reply_keeps_the_failing_calls_traceback_in_its_call_record() -> None:
+    replying = tool_env([add, fails], on_tool_error="reply")
+    text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>' \
+           '<tool_call>{"name": "fails", "arguments": {"x": 1}}</tool_call>'
+    reply = run(_step(replying, turn(text)))
+    assert reply.status is None and reply.traceback is None  # the episode goes on: not its failure
+    ok, failed = reply.calls
+    assert "traceback" not in ok  # only a failed call carries one
+    assert failed["status"] == "tool_error" and 'raise RuntimeError("tool broke")' in failed["traceback"]
+    assert failed["traceback"].startswith("Traceback") and "rlgen" not in failed["traceback"].split("\n")[1]
