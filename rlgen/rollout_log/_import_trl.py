@@ -26,6 +26,7 @@ written: the log lists them as missing), and token ids and logprobs (re-tokenize
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import os
 import pickle
@@ -40,7 +41,16 @@ import numpy as np
 
 from ..core._errors import LogError
 from ..rewards._group_stats import AdvantageMethod, advantages
-from ._text_rows import FrameworkLog, LogImportWarning, TextStep, numbered_files, prompt_text, text_groups
+from ._text_rows import (
+    FrameworkLog,
+    LogImportWarning,
+    TextStep,
+    drift_note,
+    numbered_files,
+    prompt_text,
+    step_mismatch_note,
+    text_groups,
+)
 
 __all__ = ["TRL_LAYOUT", "read_trl", "run_settings"]
 
@@ -288,9 +298,8 @@ def read_trl(folder: str | os.PathLike[str], *, reward_columns: Sequence[str] | 
         LogError: no files, a file in a layout this version does not know, or groups of
             `num_generations` rows that do not share a prompt.
     """
-    steps, taken = _read_steps(os.fspath(folder), reward_columns)
+    steps, taken, notes = _read_steps(os.fspath(folder), reward_columns)
     settings, source, unread = run_settings(folder)
-    notes = [f"imported from TRL's log_completions files ({TRL_LAYOUT}); reward columns: {taken}"]
     if source is not None and unread is None:
         notes.append(f"run settings from {source}: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()))
     elif unread is not None:
@@ -304,8 +313,9 @@ def read_trl(folder: str | os.PathLike[str], *, reward_columns: Sequence[str] | 
                         weights=None if reward_weights is None and not settings.get("reward_weights") else weights)
 
 
-def _read_steps(folder: str, reward_columns: Sequence[str] | None) -> tuple[list[TextStep], list[str]]:
-    """Each file's rows as a step, and the reward columns taken (the first file's).
+def _read_steps(folder: str, reward_columns: Sequence[str] | None) -> tuple[list[TextStep], list[str], list[str]]:
+    """Each file's rows as a step, every reward column taken (in order of first appearance), and
+    the notes on the files: the reward columns, schema drift, a `step` column unlike the file name.
 
     Raises:
         LogError: no files, or a file in a layout this version does not know.
@@ -313,7 +323,9 @@ def _read_steps(folder: str, reward_columns: Sequence[str] | None) -> tuple[list
     import pandas as pd
 
     steps: list[TextStep] = []
-    taken: list[str] | None = None
+    taken: dict[int, list[str]] = {}
+    signatures: list[tuple[int, dict[str, str]]] = []
+    mismatched: dict[str, list[Any]] = {}
     for step, path in _files(folder):
         try:
             df = pd.read_parquet(path)
@@ -331,7 +343,10 @@ def _read_steps(folder: str, reward_columns: Sequence[str] | None) -> tuple[list
         unknown = [c for c in names if c not in cols]
         if unknown:
             raise LogError(f"{path} has no reward column {unknown}; its columns are {cols}", path=path)
-        taken = names if taken is None else taken
+        taken[step] = names
+        signatures.append((step, {c: str(df[c].dtype) for c in cols}))
+        if len(df) and (logged := sorted(set(df["step"].tolist()))) != [step]:
+            mismatched[os.path.basename(path)] = logged
         ids = None
         if IDS_COLUMN in cols:
             ids = [[int(t) for t in np.asarray(v).tolist()] for v in df[IDS_COLUMN]]
@@ -340,4 +355,22 @@ def _read_steps(folder: str, reward_columns: Sequence[str] | None) -> tuple[list
                               completions=[_completion_text(c) for c in df["completion"]],
                               rewards={n: df[n].astype(float).tolist() for n in names},
                               advantage=df["advantage"].astype(float).tolist(), completion_ids=ids, extra=extra))
-    return steps, taken or []
+    return steps, list(dict.fromkeys(n for names in taken.values() for n in names)), _file_notes(taken, signatures,
+                                                                                               mismatched)
+
+
+def _file_notes(taken: Mapping[int, list[str]], signatures: list[tuple[int, dict[str, str]]],
+                mismatched: Mapping[str, list[Any]]) -> list[str]:
+    """What the files say about themselves: the reward columns (per file where they change), schema
+    drift, a `step` column unlike the file's name."""
+    kinds = list(dict.fromkeys(tuple(names) for names in taken.values()))
+    if len(kinds) == 1:
+        notes = [f"imported from TRL's log_completions files ({TRL_LAYOUT}); reward columns: {list(kinds[0])}"]
+    else:
+        changes = [f"from step {step}: {names}" for (_, before), (step, names) in itertools.pairwise(taken.items())
+                   if names != before]
+        notes = [f"imported from TRL's log_completions files ({TRL_LAYOUT}); reward columns differ between files: "
+                 f"{next(iter(taken.values()))}, then " + "; ".join(changes)]
+    drift = drift_note(signatures, what="files' columns (name and dtype)")
+    step = step_mismatch_note(mismatched, column="step")
+    return notes + [n for n in (drift, step) if n]

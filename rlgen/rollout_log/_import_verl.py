@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..core._errors import LogError
-from ._text_rows import FrameworkLog, TextStep, numbered_files, text_groups
+from ._text_rows import FrameworkLog, TextStep, drift_note, numbered_files, step_mismatch_note, text_groups
 
 __all__ = ["VERL_LAYOUT", "read_verl"]
 
@@ -59,6 +59,19 @@ def _lines(path: str) -> list[dict[str, Any]]:
                                f"{missing}; its keys are {sorted(row)}", path=path)
             rows.append(row)
     return rows
+
+
+_JSON_TYPES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+
+
+def _key_types(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Each key of a file's lines and its JSON type (of its first value that is not null)."""
+    types: dict[str, str] = {}
+    for row in rows:
+        for key, value in row.items():
+            if types.get(key, "null") == "null":
+                types[key] = "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
+    return types
 
 
 def _groups(steps: list[TextStep], uids: dict[int, list[Any]]) -> str:
@@ -94,8 +107,13 @@ def read_verl(folder: str | os.PathLike[str]) -> FrameworkLog:
     """
     steps = []
     uids: dict[int, list[Any]] = {}
+    signatures: list[tuple[int, dict[str, str]]] = []
+    mismatched: dict[str, list[Any]] = {}
     for step, path in _files(os.fspath(folder)):
         rows = _lines(path)
+        signatures.append((step, _key_types(rows)))
+        if rows and (logged := sorted({r["step"] for r in rows}, key=str)) != [step]:
+            mismatched[os.path.basename(path)] = logged
         extra_keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in _REQUIRED]
         extra: dict[str, list[Any]] = {k: [r.get(k) for r in rows] for k in extra_keys}
         extra["ground_truth"] = [r["gts"] for r in rows]
@@ -106,4 +124,6 @@ def read_verl(folder: str | os.PathLike[str]) -> FrameworkLog:
                               extra=extra))
     notes = [f"imported from verl's rollout_data_dir ({VERL_LAYOUT}); the reward is verl's 'score' "
              "(token_level_scores summed)", _groups(steps, uids)]
-    return FrameworkLog(steps=steps, notes=notes)
+    drift = drift_note(signatures, what="files' keys (name and JSON type)")
+    mismatch = step_mismatch_note(mismatched, column="step")
+    return FrameworkLog(steps=steps, notes=notes + [n for n in (drift, mismatch) if n])

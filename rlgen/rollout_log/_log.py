@@ -520,19 +520,10 @@ class RolloutLog:
 def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, joined: list[str] | None,
                   max_completion_length: int | None) -> list[str]:
     """What an import says it could not know, in the log's notes (`joined`: the dataset join's
-    notes, None without a dataset)."""
-    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
-    faithful = sum(len(s.completions) for s in steps if s.completion_ids is not None)
-    total = sum(len(s.completions) for s in steps)
-    notes = [f"token ids: {total - faithful} of {total} rows re-tokenized from text with {name} (no logprobs; "
-             "column 'retokenized')" + (f"; {faithful} rows kept the completion_ids the run logged" if faithful else "")]
-    if joined is not None:
-        notes += joined
-    else:
-        notes.append("no dataset joined: columns the run did not log (the answer) are absent; pass dataset=")
-    notes.append(f"finish reasons: 'length' where a completion has >= {max_completion_length} tokens, else 'unknown'"
-                 if max_completion_length is not None else
-                 "finish reasons: 'unknown' (the log does not say which completions were cut; pass max_completion_length=)")
+    notes, None without a dataset); the rows are re-tokenized here, once (`_text_rows.prepare_rows`)."""
+    from ._text_rows import prepare_rows
+
+    notes = prepare_rows(steps, tokenizer=tokenizer, joined=joined, max_completion_length=max_completion_length)
     logged = sorted(s.step for s in steps)
     stride = _stride(logged)
     if stride is not None and stride > 1:

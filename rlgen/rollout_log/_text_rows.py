@@ -16,6 +16,7 @@ folder (`numbered_files`). Knows nothing about any framework's layout: `_import_
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["DATASET_FORMS", "FrameworkLog", "LogImportWarning", "TextStep", "as_dataframe", "join_steps",
-           "numbered_files", "prompt_text", "text_groups", "text_result"]
+__all__ = ["DATASET_FORMS", "FrameworkLog", "LogImportWarning", "TextStep", "as_dataframe", "default_system_message",
+           "drift_note", "join_steps", "numbered_files", "prepare_rows", "prompt_text", "step_mismatch_note",
+           "text_groups", "text_result"]
 
 _OWN = frozenset((*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS, *LOG_COLUMNS))
 
@@ -54,6 +56,7 @@ class TextStep:
     completion_ids: list[list[int]] | None = None  # the sampled ids, where the framework logged them
     extra: dict[str, list[Any]] = field(default_factory=dict)  # other logged columns, kept
     groups: list[int] | None = None       # each row's GRPO group where the reader knows it; else by prompt text
+    tokens: list[list[int]] | None = None  # the completions re-tokenized (`prepare_rows`), where no ids were logged
 
 
 @dataclass
@@ -130,8 +133,7 @@ def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping
         sample.append(seen.get(g, 0))
         seen[g] = sample[-1] + 1
     faithful = rows.completion_ids is not None
-    ids: list[list[int]] = (rows.completion_ids if rows.completion_ids is not None
-                            else [list(tokenizer.encode(c, add_special_tokens=False)) for c in rows.completions])
+    ids = _completion_ids(rows, tokenizer)
     prompt_ids = {t: _prompt_ids(tokenizer, p) for t, p in zip(texts, rows.prompts)}
     rendered = {t: _rendered(tokenizer, p) for t, p in zip(texts, rows.prompts)}
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -154,6 +156,126 @@ def text_result(rows: TextStep, *, tokenizer: Any, source: str, weights: Mapping
                                   model=str(getattr(tokenizer, "name_or_path", "")), decode=None)
     res.df = res.df.assign(prompt_index=np.asarray(group, dtype=np.int64), sample_index=np.asarray(sample, dtype=np.int64))
     return res
+
+
+def _completion_ids(rows: TextStep, tokenizer: Any) -> list[list[int]]:
+    """The rows' completion ids: as logged, else re-tokenized (once: `prepare_rows` keeps them)."""
+    if rows.completion_ids is not None:
+        return rows.completion_ids
+    if rows.tokens is None:
+        rows.tokens = [list(tokenizer.encode(c, add_special_tokens=False)) for c in rows.completions]
+    return rows.tokens
+
+
+def prepare_rows(steps: Sequence[TextStep], *, tokenizer: Any, joined: list[str] | None,
+                 max_completion_length: int | None) -> list[str]:
+    """The rows re-tokenized once (kept for `text_result`), and the notes on what that and the rest
+    of the import can and cannot know: the token ids, the dataset join (`joined`: its notes, None
+    without a dataset), the finish reasons with their counts, re-tokenized rows longer than the run
+    could sample, and the system message a chat template adds that the logged prompt does not show."""
+    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    faithful = sum(len(s.completions) for s in steps if s.completion_ids is not None)
+    total = sum(len(s.completions) for s in steps)
+    notes = [f"token ids: {total - faithful} of {total} rows re-tokenized from text with {name} (no logprobs; "
+             "column 'retokenized')" + (f"; {faithful} rows kept the completion_ids the run logged" if faithful else "")]
+    notes += joined if joined is not None else [
+        "no dataset joined: columns the run did not log (the answer) are absent; pass dataset="]
+    notes += _finish_notes(steps, tokenizer=tokenizer, limit=max_completion_length)
+    system = _system_note(steps, tokenizer=tokenizer)
+    return notes + ([system] if system else [])
+
+
+def _finish_notes(steps: Sequence[TextStep], *, tokenizer: Any, limit: int | None) -> list[str]:
+    """The finish reasons as `text_result` sets them, each with its rule and count; rows longer than
+    `limit` (re-tokenized text gives other ids than were sampled; logged ids, another limit)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    counts = {"stop": 0, "length": 0, "unknown": 0}
+    over: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # logged ids? -> (step, length)
+    for rows in steps:
+        faithful = rows.completion_ids is not None
+        for ids in _completion_ids(rows, tokenizer):
+            counts[_finish(ids, faithful=faithful, eos=eos, limit=limit)] += 1
+            if limit is not None and len(ids) > limit:
+                over[faithful].append((rows.step, len(ids)))
+    rules = []
+    if any(rows.completion_ids is not None for rows in steps):
+        rules.append(f"'stop' where the logged completion_ids end with EOS ({counts['stop']} rows)")
+    if limit is not None:
+        rules.append(f"'length' where a completion has >= {limit} tokens ({counts['length']} rows)")
+    rules.append(f"'unknown' {'otherwise ' if rules else ''}({counts['unknown']} rows)")
+    notes = ["finish reasons: " + ", ".join(rules) + ("" if limit is not None else
+             "; the log does not say which completions were cut: pass max_completion_length=")]
+    for logged, rows_over in over.items():
+        if not rows_over:
+            continue
+        longest, where = max(n for _, n in rows_over), sorted({s for s, _ in rows_over})
+        notes.append(f"{len(rows_over)} rows have more tokens than max_completion_length={limit} (up to {longest} > "
+                     f"{limit}; steps {where[:10]}{' ...' if len(where) > 10 else ''}): " + (
+                         "their logged completion_ids are longer than the run could sample: is "
+                         "max_completion_length the run's?" if logged else
+                         "the run cannot have sampled that many: re-tokenizing the decoded text gave other ids than "
+                         "were sampled, so their ids, lengths and 'length' finish are approximate"))
+    return notes
+
+
+_SENTINEL = "rlgen-system-message-sentinel"
+
+
+def default_system_message(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The system message the chat template adds to `messages` (which have none), told by rendering
+    them with and without a system message of our own; None where it adds none (or renders none)."""
+    try:
+        bare = _rendered(tokenizer, [dict(m) for m in messages])
+        marked = _rendered(tokenizer, [{"role": "system", "content": _SENTINEL}, *[dict(m) for m in messages]])
+    except Exception:  # a template that refuses a system role, or a tokenizer without one: nothing to tell
+        return None
+    head, found, tail = marked.partition(_SENTINEL)
+    if not found or not bare.startswith(head):
+        return None
+    k = 0  # the rendering after the system message is the same in both: their common end, within tail
+    while k < min(len(tail), len(bare) - len(head)) and bare[-1 - k] == tail[-1 - k]:
+        k += 1
+    return bare[len(head):len(bare) - k].strip() or None
+
+
+def _system_note(steps: Sequence[TextStep], *, tokenizer: Any) -> str | None:
+    """What the rows' prompts hold that the log does not show: the template's default system message."""
+    bare = [p for rows in steps for p in rows.prompts
+            if not isinstance(p, str) and not any(m.get("role") == "system" for m in p)]
+    added = default_system_message(tokenizer, bare[0]) if bare else None
+    if added is None:
+        return None
+    total = sum(len(rows.prompts) for rows in steps)
+    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    return (f"system message: {len(bare)} of {total} rows are chats without one in the log; {name}'s chat template "
+            f"adds its default one when rendering them ({added[:120]!r}), as it did for the trainer if the run used "
+            "this template: the rows' prompt text and ids hold it, the logged prompt does not show it")
+
+
+def drift_note(signatures: Sequence[tuple[int, Mapping[str, str]]], *, what: str) -> str | None:
+    """Schema drift between files: for each file (by step) whose columns (name -> type) differ from
+    the file before it, what it adds, drops or retypes; None where every file has the same."""
+    changes = []
+    for (_, before), (step, after) in itertools.pairwise(signatures):
+        parts = [f"adds {[c for c in after if c not in before]}" if any(c not in before for c in after) else "",
+                 f"drops {[c for c in before if c not in after]}" if any(c not in after for c in before) else "",
+                 ", ".join(f"{c} {before[c]} -> {after[c]}" for c in after if c in before and before[c] != after[c])]
+        if any(parts):
+            changes.append(f"step {step} " + ", ".join(p for p in parts if p))
+    if not changes:
+        return None
+    return (f"schema drift: the {what} differ between files ({len(changes)} changes): " + "; ".join(changes[:8])
+            + ("; ..." if len(changes) > 8 else "") + "; a column a step lacks is empty in its rows, and reward "
+            "columns are read per file")
+
+
+def step_mismatch_note(mismatched: Mapping[str, list[Any]], *, column: str) -> str | None:
+    """Files whose logged step (`column`) is not the step in their name (file -> the values logged)."""
+    if not mismatched:
+        return None
+    shown = "; ".join(f"{f} says {v}" for f, v in list(mismatched.items())[:5])
+    return (f"step {column!r} disagrees with the file name in {len(mismatched)} files ({shown}"
+            f"{'; ...' if len(mismatched) > 5 else ''}): the file name's step is used (renamed or edited files?)")
 
 
 def _finish(ids: list[int], *, faithful: bool, eos: int | None, limit: int | None) -> str:
