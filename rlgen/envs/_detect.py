@@ -1,11 +1,11 @@
 """Recognising an environment written for another framework, so `Engine.episodes(env=...)` takes it as it is.
 
 Owns `adapt(env)`: an environment of another framework's shape made into the `Environment` its
-from ._verifiers import from_verifiers, looks_like_verifiers
 adapter builds with default options (`from_trl`, `from_skyrl`, ...); anything else is returned
 unchanged, for `rlgen.episodes.as_environment` to take or refuse. The shapes are told apart without
 importing the frameworks: a SkyRL-gym `BaseTextEnv` subclass (by its classes' names and modules),
-a TRL environment class (`reset` and no `step`; rlgen's own classes have `step`) or a dict of them,
+a TRL environment class (no `step`, and a `reset` that takes the row's `prompt` by keyword, as
+TRL's `reset(**row)` passes it; rlgen's own classes have `step`, and `reset(data)`) or a dict of them,
 verl's tools (a `BaseTool` instance, a `FunctionTool`, or a list of them and of `@function_tool`
 functions, these found in verl's registry when verl is already imported).
 An adapter's options (reward functions, the tool-call parser, what a failing tool does) need the

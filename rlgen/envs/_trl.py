@@ -54,11 +54,25 @@ def _tool_names(cls: type) -> list[str]:
 
 
 def looks_like_trl(env: Any) -> bool:
-    """Whether `env` has TRL's environment shape: a class with `reset` and no `step`, or a dict of
-    such classes (a class with `step` is one of rlgen's own)."""
+    """Whether `env` has TRL's environment shape: a class with no `step` whose `reset` takes the
+    row's `prompt` by keyword (TRL calls `reset(**row)`, and every row has its prompt: `**kwargs`,
+    or a parameter named `prompt`), or a dict of such classes. A class with `step` is one of
+    rlgen's own; one with `reset(data)` and no `step` is one of rlgen's own missing its `step`, for
+    `as_environment` to refuse."""
     if isinstance(env, Mapping):
         return bool(env) and all(looks_like_trl(v) for v in env.values())
-    return inspect.isclass(env) and callable(getattr(env, "reset", None)) and not hasattr(env, "step")
+    reset = getattr(env, "reset", None)
+    return inspect.isclass(env) and callable(reset) and not hasattr(env, "step") and _takes_prompt(reset)
+
+
+def _takes_prompt(reset: Callable[..., Any]) -> bool:
+    """Whether `reset(**row)` can take the row's `prompt`: `**kwargs`, or a parameter of that name."""
+    try:
+        params = inspect.signature(reset).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "prompt" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+               for p in params)
 
 
 class _TRLEpisode(ToolEnv):
@@ -159,7 +173,8 @@ def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallPa
 
     Raises:
         TypeError / ValueError: a factory that is not a class or callable, an instance that has no
-            `reset`, a tool without type hints or docstring arguments (TRL's rule), a bad option.
+            `reset` or one that cannot take the row's `prompt` by keyword, a tool without type hints or
+            docstring arguments (TRL's rule), a bad option.
     """
     if on_tool_error not in ("end", "reply"):
         raise ValueError(f"on_tool_error must be 'end' or 'reply', got {on_tool_error!r}")
@@ -172,8 +187,13 @@ def from_trl(factory: Any, *, reward_funcs: Any = None, parser: str | ToolCallPa
             raise TypeError(f"environment_factory {name!r} must be a class or a function with no arguments, "
                             f"got {make!r}")
         cls = make if inspect.isclass(make) else type(make())  # TRL probes one instance too
-        if not callable(getattr(cls, "reset", None)):
+        reset = getattr(cls, "reset", None)
+        if not callable(reset):
             raise TypeError(f"{cls.__name__} has no reset method; a TRL environment defines reset(**kwargs)")
+        if not _takes_prompt(reset):
+            raise TypeError(f"{cls.__name__}.reset cannot take the row's prompt: TRL calls reset(**row) with the "
+                            "row's columns and its prompt; write reset(self, **kwargs) (or name prompt among its "
+                            "parameters)")
         functions = {n: getattr(cls, n) for n in _tool_names(cls)}
         for f in functions.values():
             _check_as_trl(cls, f)

@@ -495,7 +495,8 @@ def as_environment(env: Any, *, timeout: float | None = 30.0) -> Environment:
     if inspect.isclass(env):
         if not callable(getattr(env, "step", None)):
             raise TypeError(f"env class {env.__name__} has no step(messages) method; an environment class needs "
-                            "step(messages) (and optionally reset(data))")
+                            "step(messages) (and optionally reset(data)): add it, or check its spelling. (A TRL "
+                            "environment_factory class is told by a reset(**kwargs) that takes the row's prompt.)")
         for method in ("reset", "step"):
             _refuse_async_generator(getattr(env, method, None), f"{env.__name__}.{method}")
         return Environment(env, "class", None, timeout)

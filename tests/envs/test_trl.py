@@ -219,6 +219,18 @@ def test_adapt_takes_a_trl_class_as_it_is_and_leaves_rlgen_environments_alone() 
     assert adapt(Own) is Own
 
 
+def test_a_reset_that_cannot_take_the_rows_prompt_is_refused_saying_how_trl_calls_it() -> None:
+    class Positional:
+        def reset(self, data: Any) -> None: ...
+
+        def get_reward(self) -> float:
+            return 0.0
+
+    assert adapt(Positional) is Positional  # not taken for a TRL class: as_environment refuses it, no step
+    with pytest.raises(TypeError, match=r"Positional.reset cannot take the row's prompt.*reset\(self, \*\*kwargs\)"):
+        from_trl(Positional)
+
+
 def test_a_tool_without_a_docstring_argument_is_refused_before_anything_runs() -> None:
     class Sloppy(IncrementEnv):
         def decrement(self, step: int) -> int:

@@ -288,3 +288,34 @@ def test_tool_env_timeout_is_the_tool_calls_timeout() -> None:
     reply = asyncio.run(env.step(turn))
     assert reply.status == "tool_timeout" and "0.3 s" in (reply.error or ""), reply
     assert time.perf_counter() - t0 < 1.5
+
+
+# ---- 12. a class with reset and no step: not taken for a TRL class (issue 44, item 5) -----------------------
+
+
+class StepMisspelled:
+    def reset(self, data: Any) -> None:
+        return None
+
+    def stpe(self, messages: list[dict[str, Any]]) -> str:
+        return "done"
+
+
+class StepForgotten:
+    def reset(self, data: Any) -> None:
+        return None
+
+
+class ResetOnly:
+    def reset(self) -> None:
+        return None
+
+    def setp(self, messages: list[dict[str, Any]]) -> str:
+        return "done"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env", [StepMisspelled, StepForgotten, ResetOnly])
+def test_a_class_with_reset_but_no_step_is_refused_saying_it_needs_step_not_run_as_a_trl_class(
+        engine: rlgen.Engine, sent: list[Any], env: type) -> None:
+    refused(engine, sent, TypeError, rf"env class {env.__name__} has no step\(messages\) method.*TRL", env=env)
