@@ -16,6 +16,7 @@ folder (`numbered_files`). Knows nothing about any framework's layout: `_import_
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from ..rollouts._rollouts import Rollouts
 
 __all__ = ["DATASET_FORMS", "FrameworkLog", "LogImportWarning", "TextStep", "as_dataframe", "default_system_message",
-           "drift_note", "join_steps", "numbered_files", "prepare_rows", "prompt_text", "step_mismatch_note",
-           "text_groups", "text_result"]
+           "drift_note", "join_steps", "numbered_files", "prepare_rows", "prompt_text", "repeated_steps",
+           "step_mismatch_note", "text_groups", "text_result"]
 
 _OWN = frozenset((*COLUMNS, *CLIENT_COLUMNS, *EPISODE_COLUMNS, *GROUP_COLUMNS, *LOG_COLUMNS))
 
@@ -182,7 +183,45 @@ def prepare_rows(steps: Sequence[TextStep], *, tokenizer: Any, joined: list[str]
         "no dataset joined: columns the run did not log (the answer) are absent; pass dataset="]
     notes += _finish_notes(steps, tokenizer=tokenizer, limit=max_completion_length)
     system = _system_note(steps, tokenizer=tokenizer)
-    return notes + ([system] if system else [])
+    repeated = repeated_steps(steps)
+    if repeated:
+        warnings.warn(repeated, LogImportWarning, stacklevel=5)  # at the from_trl / from_verl call
+    return notes + [n for n in (system, repeated) if n]
+
+
+def _step_fingerprint(rows: TextStep) -> str:
+    """A step's rows as one digest: prompt, completion, rewards, advantage and logged ids, in order."""
+    digest = hashlib.sha256()
+    for k in range(len(rows.completions)):
+        digest.update(json.dumps([prompt_text(rows.prompts[k]), rows.completions[k],
+                                  sorted((name, values[k]) for name, values in rows.rewards.items()),
+                                  None if rows.advantage is None else rows.advantage[k],
+                                  None if rows.completion_ids is None else rows.completion_ids[k]],
+                                 default=str).encode())
+    return digest.hexdigest()
+
+
+def repeated_steps(steps: Sequence[TextStep]) -> str | None:
+    """Which steps' rows repeat an earlier step's, all of them in order (the same batch logged
+    again under another step), said as a note; None where none does."""
+    first: dict[str, int] = {}
+    repeats: dict[int, list[int]] = {}  # the first step -> the steps that repeat it
+    for rows in sorted(steps, key=lambda r: r.step):
+        if not rows.completions:
+            continue
+        seen = first.setdefault(_step_fingerprint(rows), rows.step)
+        if seen != rows.step:
+            repeats.setdefault(seen, []).append(rows.step)
+    if not repeats:
+        return None
+    said = "; ".join(f"step{'s' if len(later) > 1 else ''} {', '.join(map(str, later))} repeat{'' if len(later) > 1 else 's'} "
+                     f"step {step}'s rows" for step, later in list(repeats.items())[:10])
+    kept = sorted(first.values())
+    return (f"rows repeated under several steps ({sum(map(len, repeats.values()))} steps): {said}"
+            f"{'; ...' if len(repeats) > 10 else ''}. The run logged one batch under several steps (TRL does with "
+            "num_iterations > 1, or steps_per_generation above gradient_accumulation_steps: its log holds the last "
+            "generation batch); they are kept as logged, so count each batch once, e.g. log.rows(steps="
+            f"{kept[:8]}{'...' if len(kept) > 8 else ''})")
 
 
 def _finish_notes(steps: Sequence[TextStep], *, tokenizer: Any, limit: int | None) -> list[str]:

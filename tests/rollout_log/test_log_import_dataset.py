@@ -47,6 +47,7 @@ def test_a_dataset_join_that_matches_no_row_warns_and_says_what_to_check(tmp_pat
     with pytest.warns(UserWarning, match=r"matched none of the 24 rows.*dataset_prompt=") as record:
         log = rlgen.RolloutLog.from_trl(TRL, tmp_path / "run", tokenizer=tokenizer, dataset=other)
     assert {w.category.__name__ for w in record if "matched none" in str(w.message)} == {"LogImportWarning"}
+    assert {w.filename for w in record if "matched none" in str(w.message)} == {__file__}  # points at the call
     assert any("0 of 24 rows matched" in n for n in log.notes)
     assert any("matched none of the 24 rows" in n for n in log.notes)
     assert log.load(10).df["answer"].isna().all()
