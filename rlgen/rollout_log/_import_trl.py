@@ -11,11 +11,12 @@ ids. The run's settings where its output holds them (`training_args.bin`, the GR
 The GRPO groups as TRL forms them: `num_generations` consecutive rows (given, from the run's
 settings, or inferred from runs of one prompt and checked on the logged advantage), never by prompt
 text (a prompt sampled twice in one step is two groups), with the logged `advantage` recomputed
-over them and the rows where it differs counted. Knows nothing about tokenizers or parts:
-`_text_rows` makes results of what this reads.
+over them and the rows where it differs counted. What the files say about themselves: the reward
+columns per file, schema drift between files, a `step` column unlike the file name. Knows nothing
+about tokenizers or parts: `_text_rows` makes results of what this reads and joins the dataset.
 
 What TRL's files do not say, and this cannot invent: the dataset's answer (join your dataset, see
-`join_dataset`), the system message the chat template added (the logged prompt is the dataset's),
+`_text_rows.join_steps`), the system message the chat template added (the logged prompt is the dataset's),
 which completions were cut at `max_completion_length` (the completion text has special tokens
 stripped: pass `max_completion_length`, or keep the run's training_args.bin, to mark rows whose
 length reaches it), the steps between `logging_steps` (only one step in `logging_steps` is

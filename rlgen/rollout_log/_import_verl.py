@@ -6,8 +6,9 @@ Owns: finding the files (`<rollout_data_dir>/{step}.jsonl`, written by verl 0.9'
 `pred`, `request_id`; a file of another layout is refused, saying which keys were expected), and
 making each step's rows: the decoded prompt and response texts, `score` as the logged reward
 (named `score`), `gts` as the `ground_truth` column (what a verl-style reward reads again), the
-extra fields kept as columns, and the prompt groups (by `uid` where the rows carry one). Knows
-nothing about tokenizers or parts: `_text_rows` makes results.
+extra fields kept as columns, and the prompt groups (by `uid` where the rows carry one); schema
+drift between files and a `step` key unlike the file name, noted. Knows nothing about tokenizers
+or parts: `_text_rows` makes results.
 
 What verl's files do not say: token ids and logprobs (the texts were decoded with
 `skip_special_tokens=True`, so the chat template's special tokens are gone from `input`: the rows

@@ -1,17 +1,25 @@
 """What a training framework's text-only log becomes in a rollout log: a result per step.
 
 Owns: `TextStep` (one step's rows as a framework logged them: prompt and completion texts, reward
-columns, an advantage, extra columns, and token ids where the framework logged them) and
-`text_result`, which makes it a `Rollouts`: prompts and completions tokenized with the tokenizer
-the user named (unless ids were logged), every row marked `retokenized` where its ids were made
-from text (no logprobs; nothing downstream claims token faithfulness for it), prompt groups by
-prompt text in order of first appearance, finish reasons as far as they can be known (logged
-ids ending with EOS say "stop"; a length at or above `max_completion_length` says "length";
-otherwise "unknown", never a guess of "stop"), the logged rewards as the reward columns `add_rewards` writes (`reward_<name>`, its
-status, the weighted `reward`, the group columns) with the logged advantage kept as it was, and the
-user's dataset joined on the prompt (`join_dataset`), and finding a framework's numbered files in a
-folder (`numbered_files`). Knows nothing about any framework's layout: `_import_trl` and
-`_import_verl` read those.
+columns, an advantage, extra columns, token ids where the framework logged them, and each row's
+GRPO group where the framework's reader could tell it) and `FrameworkLog` (a reader's steps, notes
+and the run's settings it found); `text_result`, which makes a step a `Rollouts`: prompts and
+completions tokenized with the tokenizer the user named (unless ids were logged), every row marked
+`retokenized` where its ids were made from text (no logprobs; nothing downstream claims token
+faithfulness for it), prompt groups as the reader gave them (else by prompt text, in order of first
+appearance), finish reasons as far as they can be known (logged ids ending with EOS say "stop"; a
+length at or above `max_completion_length` says "length"; otherwise "unknown", never a guess of
+"stop"), the logged rewards as the reward columns `add_rewards` writes (`reward_<name>`, its
+status, the weighted `reward`, the group columns) with the logged advantage kept as it was. What
+an import checks and says before the log exists: the user's dataset in the forms accepted
+(`as_dataframe`) joined on the prompt (`join_steps`: a join that matches nothing and prompts listed
+twice with different values are warned of), the rows re-tokenized once and the notes on them
+(`prepare_rows`: finish reasons counted, rows longer than the run could sample, the chat
+template's default system message the logged prompt does not show, steps that repeat another
+step's rows), schema drift and a logged step unlike the file name (`drift_note`,
+`step_mismatch_note`); finding a framework's numbered files (`numbered_files`); and
+`LogImportWarning`, the category of what an import warns of. Knows nothing about any framework's
+layout: `_import_trl` and `_import_verl` read those.
 """
 
 from __future__ import annotations
