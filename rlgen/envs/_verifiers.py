@@ -19,7 +19,8 @@ owns the loop), with rlgen plugged in as its model client (read from verifiers 0
   turn did not sample one: the history's ids are the ids sampled, never re-tokenized. The turn is
   sampled through the runner's sender (seeding, batching, the bound on requests in flight);
   with tools, its calls are read outside `<think>` blocks by the server's parser (SGLang's
-  `/parse_function_call`) or `hermes`, and answered as `vf.Response` with a `ResponseMessage`
+  `/parse_function_call`) or `hermes` (a call to a tool not offered, which SGLang drops, is put back
+  where the server's parser reads hermes' blocks: verifiers answers it, as in its own loop), and answered as `vf.Response` with a `ResponseMessage`
   (content without the call blocks, `tool_calls=[ToolCall(id, name, arguments JSON)]`,
   finish_reason, is_truncated, `tokens=ResponseTokens(prompt_ids, prompt_mask, completion_ids,
   completion_mask, completion_logprobs)`), so verifiers' trajectory holds the very ids rlgen sent;
@@ -67,7 +68,7 @@ from ..episodes._env import ENV_TIMEOUT, Environment, Timeout, own_timeout
 from ..episodes._episode import EpisodeCall, sample_turn
 from ..episodes._result import EpisodeRecord, Turn
 from ..episodes._runner import LoopCall
-from ..episodes._tool_calls import ParsedTurn, outside_think, parse_hermes, parse_with_server
+from ..episodes._tool_calls import ParsedTurn, outside_think, parse_hermes, parse_with_server, with_unoffered_calls
 from ..episodes._tools import within
 
 __all__ = ["from_verifiers", "looks_like_verifiers"]
@@ -367,6 +368,7 @@ class _Rollout:
         else:
             name = self.parser.partition(":")[2] or "hermes"
             parsed = await parse_with_server(self.call.sender.client, said, self.tools, parser=name)
+            parsed = with_unoffered_calls(parsed, said, self.tools, name)  # verifiers answers those itself
         r = self.record
         calls = [(f"call_{r.prompt_index}_{r.sample_index}_{self.turn}_{j}", c.name,
                   json.dumps(c.arguments, ensure_ascii=False)) for j, c in enumerate(parsed.calls)]

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from ._tools import Tool
 
 __all__ = ["ParsedTurn", "ToolCall", "ToolCallParser", "outside_think", "parse_hermes", "parse_tool_calls",
-           "parse_with_server"]
+           "parse_with_server", "with_unoffered_calls"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 # What starts a call for some of SGLang's --tool-call-parser names: a turn that holds it but gets no
@@ -237,6 +237,23 @@ async def parse_with_server(client: _Poster, text: str, tools: Sequence[Tool | M
                         "(SGLang drops both)")
     error = "malformed tool call: " + "; ".join(problems) if problems else None
     return ParsedTurn(normal.strip(), tuple(calls), error)
+
+
+def with_unoffered_calls(parsed: ParsedTurn, text: str, tools: Sequence[Tool | Mapping[str, Any]],
+                         parser: str) -> ParsedTurn:
+    """The server's reading `parsed` of `text`, with the calls to tools not offered put back: for a
+    framework whose own loop answers such a call and goes on (verifiers' `ToolEnv` answers the
+    KeyError), where SGLang drops it. Where the server's parser reads hermes' `<tool_call>` blocks
+    ("hermes", "qwen25", "qwen"), rlgen's `parse_hermes` reading of `text` replaces `parsed` when it
+    reads every block and one names a tool not among `tools`; else (another format, a block it cannot
+    read either, no such call) `parsed` is returned as it is."""
+    if _CALL_MARKERS.get(parser) != _OPEN:
+        return parsed
+    own = parse_hermes(text)
+    offered = {_wire_tool(t)["function"].get("name") for t in tools}
+    if own.error is None and any(c.name not in offered for c in own.calls):
+        return own
+    return parsed
 
 
 # ---------------------------------------------------------------------------------------------

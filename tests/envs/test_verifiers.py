@@ -333,6 +333,38 @@ def test_tool_errors_malformed_calls_and_max_turns_of_verifiers(tok: Any) -> Non
     assert r.status == "max_turns" and len(r.assistant_turns) == 2 and r.env["stop_condition"] == "max_turns_reached"
 
 
+class ParsingServer(Scripted):
+    """Also answers `/parse_function_call` as SGLang's hermes parser does (the CPU backend's copy of it:
+    a call to a tool not offered is dropped)."""
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        from rlgen.cpu_server._tool_parsers import parse_function_call
+
+        assert path == "/parse_function_call"
+        return parse_function_call(body)
+
+
+@pytest.mark.parametrize("parser", ["server", "hermes"])
+def test_a_call_to_a_tool_not_offered_is_answered_by_verifiers_and_the_episode_goes_on(tok: Any, parser: str) -> None:
+    env = from_verifiers(tool_env(), parser=parser)
+
+    def reply(text: str) -> str:
+        if "<|im_start|>tool" not in text.rsplit("<|im_start|>user", 1)[-1]:
+            return '<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 2}}</tool_call>'
+        return "I cannot multiply; the answer is 4."
+
+    client = ParsingServer(tok, reply)
+    chats = episode_prompts([[{"role": "user", "content": "What is 2*2?"}]])
+    (r,) = asyncio.run(episodes.run_episodes(client, tok, chats, env=env, n=1, max_turns=3,  # type: ignore[arg-type]
+                                             batch_turns=False, data={"answer": ["4"]}))
+    # as verifiers' own loop: the call reaches ToolEnv.env_response, whose KeyError is the tool's answer
+    assert r.status == "done" and r.error is None, (r.status, r.error)
+    assert len(r.assistant_turns) == 2 and r.messages[2]["role"] == "tool" and r.messages[2]["content"] == "'multiply'"
+    assert r.turns[1]["calls"][0]["name"] == "multiply" and r.turns[1]["calls"][0]["status"] == "answered"
+    call = r.env["trajectory"][0]["completion"][0].tool_calls[0]
+    assert (call.name, call.arguments) == ("multiply", '{"a": 2, "b": 2}')
+
+
 def test_context_limit_budget_and_a_rubric_that_cannot_score(tok: Any) -> None:
     chat = [{"role": "user", "content": "What is 2+2?"}]
     first = len(episodes.first_prompt_ids(tok, chat))
