@@ -20,7 +20,8 @@ Owns: turning what the user passes as `env=` into one object the episode runner 
 
 What is wrong with `env=` itself is refused by `as_environment` before anything runs (TypeError /
 ValueError): an instance where each episode needs its own, an async generator function (it would
-yield, never return, the step's messages), a timeout that is not a positive number of seconds or
+yield, never return, the step's messages), a class with no `step`, an empty tool list, a tool
+without a docstring (`tool_schema`), a timeout that is not a positive number of seconds or
 None (`core._options.check_seconds`, add_rewards' rule; `tool_env(timeout=)` too).
 
 Every step is an `EnvReply`: the new messages, whether the episode is done, and a failure status
@@ -390,7 +391,8 @@ def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: Ti
     """The built-in tool environment: runs the tool calls of the assistant's last turn.
 
     Args:
-        tools: functions, Tools or `{name: function}` dicts (as `tools_from`).
+        tools: functions, Tools or `{name: function}` dicts (as `tools_from`); at least one, each
+            with a docstring (the description its schema gives the model).
         parser: "hermes" (`<tool_call>{...}</tool_call>`, read here), "server" / "server:<name>" (the
             server's own parser, SGLang's `--tool-call-parser` names, through `/parse_function_call`;
             hermes by default; the CPU backend knows hermes), or a function text -> ParsedTurn |
@@ -400,8 +402,16 @@ def tool_env(tools: Any, *, parser: str | ToolCallParser = "hermes", timeout: Ti
             wins over `env_timeout`.
         on_tool_error: "end" (the episode ends with the tool's status) or "reply" (the error text is
             the tool message, and the episode goes on).
+
+    Raises:
+        ValueError: no tools (an environment without tools is a function env(messages, data), or
+            a class with step); a bad option. TypeError: a tool `tools_from` refuses.
     """
-    return ToolEnv(tools, parser=parser, timeout=timeout, on_tool_error=on_tool_error)
+    env = ToolEnv(tools, parser=parser, timeout=timeout, on_tool_error=on_tool_error)
+    if not env.tools:
+        raise ValueError(f"tool_env has no tools: pass at least one tool function (got {_describe(tools)}); an "
+                         "environment without tools is a function env(messages, data) or a class with step(messages)")
+    return env
 
 
 def _name(fn: Any) -> str:

@@ -90,20 +90,31 @@ def render_ids(tokenizer: Any, messages: Messages, *, add_generation_prompt: boo
 
 def check_template(tokenizer: Any, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
     """Raise `TemplateError` when the tokenizer's chat template does not compile (a Jinja syntax
-    error): every episode of a call would fail on it, so a call checks it before anything is sent.
-    A template that refuses particular messages (`raise_exception`, a role it does not know) is
-    left to the episodes that send them ("template_error"), as is a tokenizer without a template."""
+    error), or renders an assistant message without the EOS token after it (no turn's end to cut a
+    delta after, nor to close a turn with: `DeltaRenderer`): every episode of a call would fail on
+    it, so a call checks it before anything is sent. A template that refuses particular messages
+    (`raise_exception`, a role it does not know, the base conversation's system message) is left to
+    the episodes that send them ("template_error"), as is a tokenizer without a template."""
     if not getattr(tokenizer, "chat_template", None):
         return
     import jinja2
 
     try:
         render_ids(tokenizer, [{"role": "user", "content": "Hi."}], add_generation_prompt=True, tools=tools)
+        base = render_ids(tokenizer, BASE_MESSAGES, add_generation_prompt=False, tools=tools)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"the chat template of {template_name(tokenizer)} does not compile: {e} (line "
                             f"{e.lineno}); fix the Jinja syntax (chat_template=)") from None
     except Exception:  # it compiled, and refused this probe: the episodes' messages will tell
         return
+    eos = eos_id(tokenizer)
+    if eos not in base:
+        name = getattr(tokenizer, "eos_token", None) or f"id {eos}"
+        raise TemplateError(
+            f"the chat template of {template_name(tokenizer)} puts no EOS token ({name!r}, id {eos}) after an "
+            "assistant message, so an episode cannot tell where a turn ends nor append the environment's "
+            "messages token for token; end each assistant message with the EOS token in the template (e.g. "
+            "`{{ message['content'] + eos_token }}`), or pass chat_template= one that does")
 
 
 def first_prompt_ids(tokenizer: Any, messages: Messages, *,

@@ -12,9 +12,11 @@ schemas and results.
 The schema, and the choice between two builders: `transformers.utils.get_json_schema` is what
 `tokenizer.apply_chat_template(tools=[fn])` uses, so when transformers is installed and accepts the
 function, its schema is the one used (a chat template then renders `Tool.schema` exactly as it renders
-the function itself). It refuses a function without a docstring or without a description for every
-argument; rlgen's own builder (below) then gives the same format from what there is. Both follow
-the same rules, and the tests compare them on functions both accept:
+the function itself). It refuses a function without a description for every argument; rlgen's own
+builder (below) then gives the same format from what there is. A function without a docstring is
+refused by both (TypeError saying to add one): its schema would have no description, and the model
+would not be told what the tool does. Both follow the same rules, and the tests compare them on
+functions both accept:
 
 - name: the function's `__name__` (a lambda or a `functools.partial` has none: pass `{"name": fn}`);
 - description: the docstring's text before its `Args:` / `Returns:` / `Raises:` sections;
@@ -132,10 +134,17 @@ def tool_schema(fn: Callable[..., Any], *, name: str | None = None) -> dict[str,
 
     Raises:
         TypeError: `fn` is not callable, has no name (a lambda, a partial) and none was given,
-            takes *args or **kwargs, has a parameter without a type hint or a hint with no JSON
-            form; ValueError: the name is not 1-64 letters, digits, "_" or "-".
+            has no docstring, takes *args or **kwargs, has a parameter without a type hint or a
+            hint with no JSON form; ValueError: the name is not 1-64 letters, digits, "_" or "-".
     """
     own = _own_schema(fn, name)  # checks everything, whichever builder answers
+    if not own["function"]["description"]:
+        tool = own["function"]["name"]
+        where = f"to {getattr(fn, '__qualname__', tool)}" if getattr(fn, "__name__", None) != "<lambda>" else \
+            "to the lambda (its __doc__ = '...')"
+        raise TypeError(f"tool {tool!r} has no docstring: its schema would have no description, so the model would "
+                        f"not be told what it does; add a docstring {where} (a first line saying what it does, then "
+                        "an 'Args:' line per parameter)")
     theirs = _transformers_schema(fn)
     if theirs is None:
         return own

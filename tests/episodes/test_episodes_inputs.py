@@ -319,3 +319,39 @@ class ResetOnly:
 def test_a_class_with_reset_but_no_step_is_refused_saying_it_needs_step_not_run_as_a_trl_class(
         engine: rlgen.Engine, sent: list[Any], env: type) -> None:
     refused(engine, sent, TypeError, rf"env class {env.__name__} has no step\(messages\) method.*TRL", env=env)
+
+
+# ---- 13. no tools, a tool without a docstring, a template without EOS (issue 44, item 7) --------------------
+
+
+def undocumented(a: int, b: int) -> int:
+    return a + b
+
+
+NO_EOS_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env", [[], {}, ()], ids=["list", "dict", "tuple"])
+def test_an_empty_tool_list_is_refused_before_anything_is_sent(
+        engine: rlgen.Engine, sent: list[Any], env: Any) -> None:
+    refused(engine, sent, ValueError, r"no tools: pass at least one tool function", env=env)
+    with pytest.raises(ValueError, match=r"tool_env has no tools"):
+        tool_env(env)
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_without_a_docstring_is_refused_saying_to_add_one(engine: rlgen.Engine, sent: list[Any]) -> None:
+    match = r"tool 'undocumented' has no docstring.*add a docstring"
+    refused(engine, sent, TypeError, match, env=[undocumented])
+    refused(engine, sent, TypeError, match, env={"undocumented": undocumented})
+    with pytest.raises(TypeError, match=match):
+        tool_env([add, undocumented])
+
+
+@pytest.mark.timeout(120)
+def test_a_chat_template_without_eos_after_an_assistant_message_is_refused_saying_what_to_do(
+        engine: rlgen.Engine, sent: list[Any]) -> None:
+    refused(engine, sent, ValueError, r"puts no EOS token .* after an assistant message.*eos_token",
+            chat_template=NO_EOS_TEMPLATE)

@@ -11,7 +11,7 @@ import pytest
 from _episodes_build import EOS, NL, build_episode, default_tokenizer, sampled, tokenizer_with_template
 
 from rlgen.episodes import TemplateError, closing_ids, first_prompt_ids, message_delta_ids
-from rlgen.episodes._template import render_ids
+from rlgen.episodes._template import check_template, render_ids
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic",
                                            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
@@ -163,6 +163,21 @@ def test_a_template_that_renders_the_base_differently_once_followed_is_refused_b
     tok.chat_template = None
     with pytest.raises(TemplateError, match="has no chat template"):
         first_prompt_ids(tok, [msg(U, "hi")])
+
+
+def test_check_template_refuses_a_template_without_eos_after_an_assistant_message_saying_what_to_do(
+        tmp_path: Path, tok: Any) -> None:
+    no_eos = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    bare = tokenizer_with_template(tmp_path / "no-eos", no_eos)
+    with pytest.raises(TemplateError, match=r"no-eos \(chat template [0-9a-f]{8}\) puts no EOS token "
+                                            r"\('<\|im_end\|>', id 2\) after an assistant message.*"
+                                            r"end each assistant message with the EOS token"):
+        check_template(bare)
+    check_template(tok)  # ChatML: <|im_end|> after every message
+    # a template that refuses the base conversation is left to the episodes that send it
+    no_system = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}" + no_eos
+    check_template(tokenizer_with_template(tmp_path / "no-system", no_system))
 
 
 def test_an_empty_delta_is_refused(tok: Any) -> None:

@@ -109,14 +109,26 @@ def test_own_schema_matches_transformers_where_both_answer() -> None:
         assert tool_schema(fn) == get_json_schema(fn)
 
 
-def test_function_without_docstring_gets_rlgen_own_schema() -> None:
+def test_function_without_documented_arguments_gets_rlgen_own_schema() -> None:
+    def add(a: int, b: int = 1) -> int:
+        """Add two numbers."""
+        return a + b
+
+    schema = tool_schema(add)  # transformers refuses it (no Args: lines): rlgen's builder answers
+    assert schema["function"]["description"] == "Add two numbers."
+    assert schema["function"]["parameters"] == {"type": "object", "required": ["a"],
+                                                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+
+
+def test_function_without_a_docstring_is_refused_saying_to_add_one() -> None:
     def add(a: int, b: int = 1) -> int:
         return a + b
 
-    schema = tool_schema(add)  # transformers refuses it (no docstring): rlgen's builder answers
-    assert schema["function"]["description"] == ""
-    assert schema["function"]["parameters"] == {"type": "object", "required": ["a"],
-                                                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    with pytest.raises(TypeError, match=r"tool 'add' has no docstring: its schema would have no description.*"
+                                        r"add a docstring to .*add \(a first line"):
+        tool_schema(add)
+    with pytest.raises(TypeError, match="has no docstring"):
+        tools_from({"plus": add})
 
 
 def test_schema_errors_are_clear() -> None:
@@ -154,6 +166,9 @@ def test_tools_from_functions_tools_and_named_dicts() -> None:
     assert tool == Tool("calculate", calculate, tool_schema(calculate))
     double: Any = lambda x: 2 * x
     double.__annotations__ = {"x": int}
+    with pytest.raises(TypeError, match=r"tool 'double' has no docstring.*to the lambda \(its __doc__ = "):
+        tools_from({"double": double})
+    double.__doc__ = "Double a number."
     tools = tools_from([tool, {"double": double}, search])
     assert [t.name for t in tools] == ["calculate", "double", "search"]
     assert tools[1].schema["function"]["name"] == "double"
