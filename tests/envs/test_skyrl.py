@@ -69,6 +69,21 @@ def test_a_step_that_returns_something_else_is_a_bad_env_return_saying_what_is_e
     assert reply.status == "bad_env_return" and "BaseTextEnvStepOutput" in reply.error
 
 
+class SaysGoodbye(GSM8kMultiTurnEnv):
+    """Ends at its first step with a final observation (SkyRL's generator stops on `done` alone)."""
+
+    def step(self, action: str) -> Any:
+        return {"observations": [{"role": "user", "content": "Goodbye."}], "reward": 1.0, "done": True,
+                "metadata": {"said": "goodbye"}}
+
+
+def test_done_with_a_final_observation_ends_the_episode() -> None:
+    ep, _ = _episode(row(), cls=SaysGoodbye)
+    reply = _run(ep.step(_said("#### 72")))
+    assert reply.done and reply.ends and reply.status is None and reply.reward == 1.0
+    assert reply.messages == [] and reply.info == {"said": "goodbye"}
+
+
 def test_adapt_recognises_a_base_text_env_subclass() -> None:
     assert isinstance(adapt(GSM8kMultiTurnEnv), Environment)
     assert list(adapt(GSM8kMultiTurnEnv).reward_funcs or {}) == ["GSM8kMultiTurnEnv"]
@@ -102,3 +117,10 @@ def test_skyrls_gsm8k_multi_turn_env_runs_unchanged_with_per_step_and_summed_rew
         assert sum(t["tokens"] for t in record.assistant_turns) == len(sampled)
         assert all(r == "env" for r, m in zip(record.roles[record.prompt_len:], record.loss_mask[record.prompt_len:])
                    if not m)
+
+
+@pytest.mark.timeout(120)
+def test_an_env_done_with_a_final_observation_ends_its_episodes_done_after_one_turn(engine: rlgen.Engine) -> None:
+    res = engine.episodes([QUESTION], env=SaysGoodbye, data=[row()], n=2, max_turns=3, max_new_tokens=4)
+    assert res.df.status.tolist() == ["done", "done"] and res.df.turns.tolist() == [1, 1]
+    assert res.df.reward_SaysGoodbye.tolist() == [1.0, 1.0]

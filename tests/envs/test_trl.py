@@ -207,6 +207,36 @@ def test_a_dict_of_factories_routes_each_row_on_its_environment_value() -> None:
     assert reply.status == "env_error" and "'missing'" in reply.error
 
 
+class Explicit:
+    """A TRL class whose reset names its row's columns, with no **kwargs: a key it does not take
+    (the routing key `environment`) would be a TypeError."""
+
+    def reset(self, prompt: list, start: int, target: int) -> str:
+        self.seen = {"prompt": prompt, "start": start, "target": target}
+        self.counter, self.target = start, target
+        return f" Count from {start} to {target}."
+
+    def increment(self, step: int) -> int:
+        """Increment the counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.counter += step
+        return self.counter
+
+
+@pytest.mark.parametrize("factory", [Explicit, {"counting": Explicit, "other": IncrementEnv}], ids=["class", "dict"])
+def test_a_reset_with_explicit_keyword_arguments_gets_the_row_without_its_environment_key(factory: Any) -> None:
+    env = adapt(factory)
+    assert isinstance(env, Environment)  # recognised as TRL's: reset takes the prompt by keyword
+    ep, reply = _episode(env, data={"environment": "counting", "start": 1, "target": 3})
+    assert reply.status is None, reply.error
+    assert ep.obj.seen == {"prompt": [{"role": "user", "content": "Go. "}], "start": 1, "target": 3}
+    assert reply.prompt == [{"role": "user", "content": "Go.  Count from 1 to 3."}]
+    assert _step(ep, CALL).messages == [{"role": "tool", "name": "increment", "content": "4"}]
+
+
 def test_adapt_takes_a_trl_class_as_it_is_and_leaves_rlgen_environments_alone() -> None:
     assert isinstance(adapt(IncrementEnv), Environment)
 
