@@ -64,9 +64,12 @@ def build(upstream: str) -> web.Application:
             out = web.StreamResponse(status=resp.status, headers={
                 k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS})
             await out.prepare(request)
-            async for chunk in resp.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
+            try:
+                async for chunk in resp.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:  # the client went away (a stream read to its [DONE], then closed)
+                pass
             return out
 
     async def session_ctx(app: web.Application) -> Any:
