@@ -29,7 +29,19 @@ from .._version import __version__
 from ..core._errors import LogError
 from ..core._options import RescoreOptions, resolve, takes_options
 from ..rollouts._rollouts import Rollouts
-from ._parts import CLAIMS, PARTS, LightCache, PartName, claim_record, part_bytes, read_full, read_light
+from ._parts import (
+    CLAIMS,
+    PARTS,
+    SUMMARIES,
+    LightCache,
+    PartName,
+    claim_record,
+    part_bytes,
+    read_full,
+    read_light,
+    read_summaries,
+    step_prefix,
+)
 from ._store import Store, open_store
 from ._versions import LOGGED, logged_columns, read_lineage, read_version, scored_parts, version_names
 
@@ -48,7 +60,9 @@ __all__ = ["RolloutLog"]
 _MARKER = "log.json"
 _FORMAT = "rlgen-rollout-log"
 _VERSION = 1
+_SUMMARY = 1  # _views.SUMMARY_VERSION: a summary of another version is recomputed from the rows
 Steps = int | range | Sequence[int] | None
+_PREFIX_STEPS = 8  # up to this many steps are listed one prefix each; more, the whole folder once
 
 
 class RolloutLog:
@@ -232,8 +246,14 @@ class RolloutLog:
         return list(self._info.get("notes", []))
 
     def _parts(self, steps: Steps = None, *, name: str | None = None) -> list[PartName]:
-        parts = sorted(p for f in self._store.list(PARTS) if (p := PartName.parse(f)) is not None)
+        """The parts of `steps`: a few steps are listed by their name prefix (on S3 a listing of
+        those steps' parts only), more by one listing of the folder."""
         wanted = _step_set(steps)
+        if wanted is not None and len(wanted) <= _PREFIX_STEPS:
+            files = [f for s in sorted(wanted) if s >= 0 for f in self._store.list(PARTS, prefix=step_prefix(s))]
+        else:
+            files = self._store.list(PARTS)
+        parts = sorted(p for f in files if (p := PartName.parse(f)) is not None)
         return [p for p in parts if (wanted is None or p.step in wanted) and (name is None or p.name == name)]
 
     @property
@@ -263,7 +283,8 @@ class RolloutLog:
     # -- writing -----------------------------------------------------------------------------------
     def append(self, step: int, res: Rollouts, *, name: str = "main") -> str:
         """Log `res` (a Rollouts or Episodes, with its rewards) as step `step`'s part `name`; returns
-        the part's file name. The part becomes visible only once completely written.
+        the part's file name. The part becomes visible only once completely written. Its summary
+        (`summaries/<part>.json`: what `trend` needs of its rows) is written just before it.
 
         Of writers appending one (step, name) at once, exactly one succeeds: each first claims it
         (`claims/step-<step>.<name>.claim`, created by one writer only, locally O_EXCL, on S3 a
@@ -281,13 +302,16 @@ class RolloutLog:
             raise TypeError(f"append takes a result (rlgen.Rollouts or Episodes), got {type(res).__name__}")
         part = PartName.new(step, name)
         data = part_bytes(res, step)  # first: a result that cannot be written claims nothing
+        summary = _summary_bytes(res)
         self._refuse_taken(part, claimed=False)
         if not self._store.claim(claim_record(part), CLAIMS, part.claim_file):
             self._refuse_taken(part, claimed=True)
-        try:
+        try:  # the summary first: a reader uses a summary only for a part that exists
+            self._store.write_new(summary, SUMMARIES, part.summary_file)
             self._store.write_new(data, PARTS, part.file)
         except BaseException:
             if not self._store.exists(PARTS, part.file):  # the claim goes only with a part never written
+                self._store.remove(SUMMARIES, part.summary_file)
                 self._store.remove(CLAIMS, part.claim_file)
             raise
         return part.file
@@ -470,10 +494,14 @@ class RolloutLog:
               threshold: float = 1.0) -> pd.DataFrame:
         """One row per step: rows, mean `reward` under `version` and its pass rate (>= `threshold`),
         mean completion length, the share of each finish reason, and the share of prompt groups
-        with zero variance (no GRPO gradient). Reads five light columns (four, and the version's
-        scores), whatever the log's size."""
+        with zero variance (no GRPO gradient). The logged `reward` at `threshold` 1.0 comes from
+        the parts' summaries (one small file a part, written by `append`); a part without one (a log
+        written before rlgen kept summaries; `write_summaries` adds them) or another threshold has
+        its five light columns read; another version or reward column: four, and its scores."""
         from ._views import trend_table
 
+        if version == LOGGED and reward == "reward":
+            return self._summary_trend(steps, threshold)
         light = ["step", "prompt_index", "completion_tokens", "finish_reason"]
         # The logged reward is a column of the parts: one read of five columns (bench/run_log.py).
         rows = self.rows(steps=steps, columns=[*light, reward] if version == LOGGED else light)
@@ -481,6 +509,52 @@ class RolloutLog:
         if reward not in scores.columns:
             raise LogError(f"version {version!r} has no column {reward!r}; its columns: {list(scores.columns)}")
         return trend_table(rows, scores[reward].to_numpy(dtype=float), threshold=threshold)
+
+    def _summary_trend(self, steps: Steps, threshold: float) -> pd.DataFrame:
+        """The logged reward's trend from the parts' summaries, a part without one (or with another
+        threshold) summarised from its rows here; exactly `trend_table` on the same rows."""
+        from ._views import part_summary, summary_trend
+
+        parts = self._parts(steps)
+        have = set(self._store.list(SUMMARIES)) if parts else set()
+        found = read_summaries(self._store, [p for p in parts if p.summary_file in have])
+        usable = {f: s for f, s in found.items() if s.get("summary") == _SUMMARY and s.get("threshold") == threshold}
+        rest = [p for p in parts if p.file not in usable]
+        if rest:
+            rows = read_light(self._store, self._cache, rest, ["step", "prompt_index", "completion_tokens",
+                                                               "finish_reason", "reward"])
+            if "reward" not in rows.columns:
+                rows["reward"] = float("nan")
+            for file, part_rows in rows.groupby("part", sort=False):
+                usable[str(file)] = part_summary(part_rows, part_rows["reward"].to_numpy(dtype=float),
+                                                 threshold=threshold)
+        pairs = [(p.step, usable[p.file]) for p in parts if p.file in usable]
+        if any(s["reward"] is None for _, s in pairs):
+            raise LogError("version 'logged' has no column 'reward' in some parts: trend(reward=...) names another")
+        return summary_trend(pairs)
+
+    def write_summaries(self) -> int:
+        """Write the summary of every part that lacks one (a log written before rlgen kept them),
+        each create-only, so `trend` reads summaries instead of the parts' columns; returns how many
+        were written. Safe while a run appends, and to run twice."""
+        from ._views import part_summary
+
+        have = set(self._store.list(SUMMARIES))
+        rest = [p for p in self._parts() if p.summary_file not in have]
+        written = 0
+        for start in range(0, len(rest), 256):  # a batch at a time: the rows of all parts at once may not fit
+            batch = rest[start:start + 256]
+            rows = read_light(self._store, LightCache(), batch, ["step", "prompt_index", "completion_tokens",
+                                                                 "finish_reason", "reward"])
+            by_file = dict(iter(rows.groupby("part", sort=False)))
+            for part in batch:
+                if part.file not in by_file:
+                    continue  # unreadable: read_light warned
+                part_rows = by_file[part.file]
+                values = part_rows["reward"].to_numpy(dtype=float) if "reward" in part_rows.columns else None
+                summary = part_summary(part_rows, values, threshold=1.0)
+                written += self._store.create(json.dumps(summary).encode(), SUMMARIES, part.summary_file)
+        return written
 
     @property
     def plot(self) -> LogPlots:
@@ -515,6 +589,15 @@ class RolloutLog:
         from ._views import log_html
 
         return log_html(self)
+
+
+def _summary_bytes(res: Rollouts) -> bytes:
+    """A result's summary (`_views.part_summary` at threshold 1.0) as the JSON `append` writes."""
+    from ._views import part_summary
+
+    df = res.df
+    reward = df["reward"].to_numpy(dtype=float) if "reward" in df.columns else None
+    return json.dumps(part_summary(df, reward, threshold=1.0)).encode()
 
 
 def _import_notes(steps: Sequence[TextStep], *, tokenizer: Any, joined: list[str] | None,

@@ -3,7 +3,9 @@
 Owns: a part's file name (`step-000000010.train.3f9c1a2b.parquet`: the step, the part's name
 within its step, a random id) and reading it back (`PartName`); the claim of a (step, name)
 (`claims/step-000000010.train.claim`, created before the part is written, by one writer only: see
-`RolloutLog.append`, and what it holds: `claim_record`); the stable prompt key
+`RolloutLog.append`, and what it holds: `claim_record`); the name of a part's summary
+(`summaries/step-000000010.train.3f9c1a2b.json`, written before its part, read only for a part
+that exists) and reading many of them (`read_summaries`); the stable prompt key
 (`prompt_keys`); turning a result into a part's bytes (`part_bytes`: the result's own parquet
 format, `Rollouts.to_parquet`, with the log's columns `step` and `prompt_key` added); and reading
 parts: the light columns of many parts into one DataFrame (`read_light`: only the columns asked
@@ -39,10 +41,11 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["CLAIMS", "PARTS", "LightCache", "PartName", "claim_record", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light"]
+__all__ = ["CLAIMS", "PARTS", "SUMMARIES", "LightCache", "PartName", "claim_record", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light", "read_summaries", "step_prefix"]
 
 PARTS = "parts"  # the folder of parts under a log's root
 CLAIMS = "claims"  # the folder of claims of (step, name): one small JSON file each, never a part
+SUMMARIES = "summaries"  # the folder of per-part summaries (what the trend needs), one JSON file per part
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^step-(\d{9})\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})\.parquet$")
 MAX_STEP = 10**9 - 1
@@ -65,6 +68,11 @@ class PartName:
         """The name of its (step, name)'s claim in `CLAIMS`: one per step and name, whatever the id."""
         return f"step-{self.step:09d}.{self.name}.claim"
 
+    @property
+    def summary_file(self) -> str:
+        """The name of its summary in `SUMMARIES`."""
+        return f"step-{self.step:09d}.{self.name}.{self.uid}.json"
+
     @classmethod
     def new(cls, step: int, name: str) -> PartName:
         """A fresh part name. Raises ValueError for a step or name a file name cannot carry."""
@@ -79,6 +87,22 @@ class PartName:
         """The part a file name names; None for a file that is not a part."""
         m = _FILE.match(file)
         return None if m is None else cls(int(m.group(1)), m.group(2), m.group(3))
+
+
+def step_prefix(step: int) -> str:
+    """The start of the file names of a step's parts (and summaries): `step-000000010.`."""
+    return f"step-{step:09d}."
+
+
+def read_summaries(store: Store, parts: Sequence[PartName]) -> dict[str, dict[str, Any]]:
+    """The summaries of `parts` that exist and read whole, by part file; concurrently (on an
+    object store each is a GET). A part without one (a log written before summaries) is absent."""
+    def one(part: PartName) -> tuple[str, dict[str, Any] | None]:
+        return part.file, store.read_json(SUMMARIES, part.summary_file)
+
+    with ThreadPoolExecutor(max_workers=8 if store.is_local else 32) as pool:
+        found = list(pool.map(one, parts))
+    return {file: summary for file, summary in found if summary is not None}
 
 
 def claim_record(part: PartName) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Where a rollout log's files live, and how a file becomes visible: whole or not at all, and never twice.
 
 Owns: the filesystem of a log (a local folder, or an fsspec URL such as `s3://bucket/run`, the
-latter through the optional `fsspec` package and its protocol's package, e.g. `s3fs`), listing,
+latter through the optional `fsspec` package and its protocol's package, e.g. `s3fs`), listing
+(a whole folder, or the names under a prefix: on S3 one filtered listing, not the folder's),
 reading bytes, and the ways anything is written, each create-only (nothing is ever replaced):
 - `create` / `write_new`: a file that appears only when complete. Locally: a write to a hidden
   temporary name in the same folder, then a hard link to the name (atomic on POSIX, and it fails
@@ -58,9 +59,11 @@ class Store:
         path = self.path(*names)
         return os.path.isdir(path) if self._fs is None else bool(self._fs.isdir(path))
 
-    def list(self, *names: str) -> list[str]:
+    def list(self, *names: str, prefix: str = "") -> list[str]:
         """The file names (not paths) directly in a folder, sorted, without temporary files; [] for
-        a folder that does not exist (a log without any part yet)."""
+        a folder that does not exist (a log without any part yet). `prefix`: only names starting
+        with it; on an object store whose filesystem filters by prefix (s3fs `find(prefix=)`: a
+        `ListObjectsV2` with `Prefix`) only those are listed, not the whole folder."""
         folder = self.path(*names)
         if self._fs is None:
             try:
@@ -70,10 +73,10 @@ class Store:
         else:
             self._fs.invalidate_cache(folder)  # another writer may have added parts since
             try:
-                entries = [posixpath.basename(p.rstrip("/")) for p in self._fs.ls(folder, detail=False)]
+                entries = _fs_names(self._fs, folder, prefix)
             except FileNotFoundError:
                 return []
-        return sorted(e for e in entries if not e.startswith(_TMP_PREFIX))
+        return sorted(e for e in entries if e.startswith(prefix) and not e.startswith(_TMP_PREFIX))
 
     def read_bytes(self, *names: str) -> bytes:
         path = self.path(*names)
@@ -158,6 +161,15 @@ class Store:
         if self._fs is None:
             return pyarrow.fs.LocalFileSystem()
         return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(self._fs))
+
+
+def _fs_names(fs: Any, folder: str, prefix: str) -> list[str]:
+    """The names in an fsspec folder: listed by prefix where the filesystem can, else all."""
+    if prefix and "prefix" in inspect.signature(fs.find).parameters:
+        found = fs.find(folder, prefix=prefix, maxdepth=1)
+    else:
+        found = fs.ls(folder, detail=False)
+    return [posixpath.basename(p.rstrip("/")) for p in found]
 
 
 def _link_new(path: str, data: bytes, *, exclusive: bool) -> bool:

@@ -2,6 +2,9 @@
 
 Owns: `trend_table` (one row per step from a few light columns: rows, mean reward, pass rate,
 mean completion length, finish-reason shares, the share of prompt groups with zero variance),
+the same from per-part summaries (`part_summary`: the sums and counts the trend needs of one
+part's rows, small enough to keep beside the part; `summary_trend`: the trend from them, equal to
+`trend_table` on the same rows, sums in another order aside),
 `LogPlots.trend` (those as panels across steps, a step marked on request), `log_html` (what a log
 holds, in a few lines, for a notebook cell: no script, so it reads the same untrusted) and
 `run_sql` (DuckDB over a DataFrame, optional). Knows nothing about files or reward versions: the
@@ -21,7 +24,9 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-__all__ = ["LogPlots", "LogView", "log_html", "run_sql", "trend_table"]
+__all__ = ["SUMMARY_VERSION", "LogPlots", "LogView", "log_html", "part_summary", "run_sql", "summary_trend", "trend_table"]
+
+SUMMARY_VERSION = 1
 
 
 class LogView(Protocol):
@@ -67,6 +72,56 @@ def trend_table(rows: pd.DataFrame, reward: np.ndarray, *, threshold: float) -> 
     counted = first & (stats.count >= 2)
     zero = pd.DataFrame({"step": rows["step"].to_numpy()[counted], "zero": stats.zero_std[counted]})
     out["zero_std_share"] = zero.groupby("step")["zero"].mean()
+    return out
+
+
+def part_summary(rows: pd.DataFrame, reward: np.ndarray | None, *, threshold: float) -> dict[str, Any]:
+    """What `trend_table` needs of one part's rows (one step; `prompt_index`, `completion_tokens`,
+    `finish_reason`), as JSON-ready sums and counts: rows, and of `reward` (None: the part has no
+    reward column) the finite count, sum and passes (>= `threshold`), the completion-token sum and
+    count (non-missing), finish-reason counts, and prompt groups of two or more scored rows and
+    how many of them have zero variance. Parts add up: a step's trend is the sums of its parts'."""
+    import pandas as pd
+
+    tokens = rows["completion_tokens"].to_numpy(dtype=float)
+    known = ~np.isnan(tokens)
+    reasons = rows["finish_reason"].fillna("none").astype(str).value_counts()
+    out: dict[str, Any] = {"summary": SUMMARY_VERSION, "rows": len(rows), "threshold": threshold,
+                           "tokens_sum": float(tokens[known].sum()), "tokens_n": int(known.sum()),
+                           "finish": {str(k): int(v) for k, v in reasons.items()}, "reward": None}
+    if reward is not None:
+        finite = np.isfinite(reward)
+        groups = pd.Series(rows["prompt_index"].to_numpy()).factorize()[0]
+        stats = group_arrays(reward, groups)
+        first = ~pd.Series(groups).duplicated().to_numpy()
+        counted = first & (stats.count >= 2)
+        out["reward"] = {"scored": int(finite.sum()), "sum": float(reward[finite].sum()),
+                         "passed": int((reward[finite] >= threshold).sum()), "groups": int(counted.sum()),
+                         "zero_std": int(stats.zero_std[counted].sum())}
+    return out
+
+
+def summary_trend(summaries: list[tuple[int, dict[str, Any]]]) -> pd.DataFrame:
+    """The trend (`trend_table`'s columns) from (step, `part_summary`) pairs, one per part, each with
+    a reward. A step's shares are its parts' counts over its parts' rows."""
+    import pandas as pd
+
+    if not summaries:
+        return trend_table(pd.DataFrame(), np.array([]), threshold=1.0)
+    reasons = sorted({r for _, s in summaries for r in s["finish"]})
+    flat = pd.DataFrame([{"step": step, "rows": s["rows"], "scored": s["reward"]["scored"], "sum": s["reward"]["sum"],
+                          "passed": s["reward"]["passed"], "tokens_sum": s["tokens_sum"], "tokens_n": s["tokens_n"],
+                          "groups": s["reward"]["groups"], "zero_std": s["reward"]["zero_std"],
+                          **{f"finish_{r}": s["finish"].get(r, 0) for r in reasons}} for step, s in summaries])
+    by = flat.groupby("step", sort=True).sum()
+    scored = by["scored"].where(by["scored"] > 0)
+    out = pd.DataFrame({"rows": by["rows"].astype(np.int64), "reward": by["sum"] / scored,
+                        "pass_rate": by["passed"] / scored, "scored": by["scored"].astype(np.int64),
+                        "completion_tokens": by["tokens_sum"] / by["tokens_n"].where(by["tokens_n"] > 0)})
+    for r in reasons:
+        out[f"finish_{r}"] = by[f"finish_{r}"] / by["rows"]
+    out["zero_std_share"] = by["zero_std"] / by["groups"].where(by["groups"] > 0)
+    out.index.name = "step"
     return out
 
 

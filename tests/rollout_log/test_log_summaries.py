@@ -1,0 +1,123 @@
+"""rlgen.RolloutLog's per-part summaries: the trend from them equals the trend computed from the
+rows (failed rows, several parts a step, other finish reasons), a log written without them (before
+rlgen kept them) reads the same and gets them from `write_summaries`, and a step's rows are found
+by their name prefix, not a listing of every part."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from _logs import call, scored
+
+import rlgen
+from rlgen.rollout_log._store import Store
+from rlgen.rollout_log._views import trend_table
+
+NAN = float("nan")
+
+
+def _mixed(path: Path) -> rlgen.RolloutLog:
+    """Steps 0-3: a main part each (step 2 with failed rows), an eval part at steps 1 and 3 (cut
+    rows, a group with one scored row), and step 3's main part with no finite reward at all."""
+    log = rlgen.RolloutLog.create(path)
+    log.append(0, scored([["yes", "no"], ["no", "no"]]))
+    log.append(1, scored([["yes", "yes", "no"], ["yes", "yes", "yes"]]))
+    log.append(1, call([["abc", "de"], ["x", "yz"]], rewards=[[0.5, NAN], [2.0, 2.0]], finish="length"), name="eval")
+    log.append(2, call([["a", "bb"], ["ccc", "d"]], rewards=[[1.0, NAN], [NAN, 0.0]]))
+    log.append(3, call([["a", "bb"]], rewards=[[NAN, NAN]]))
+    log.append(3, call([["a", "bb", "c"]], rewards=[[1.0, 1.0, 0.25]], finish="length"), name="eval")
+    return log
+
+
+def _from_rows(log: rlgen.RolloutLog, threshold: float = 1.0) -> pd.DataFrame:
+    rows = log.rows(columns=["prompt_index", "completion_tokens", "finish_reason", "reward"])
+    return trend_table(rows, rows["reward"].to_numpy(dtype=float), threshold=threshold)
+
+
+def test_the_trend_from_summaries_equals_the_trend_from_the_rows(tmp_path: Path) -> None:
+    log = _mixed(tmp_path / "run")
+    assert len(list((tmp_path / "run" / "summaries").iterdir())) == 6
+    fresh = rlgen.RolloutLog(tmp_path / "run")
+    trend = fresh.trend()
+    assert fresh._cache.columns == {}  # no part's columns were read: only the summaries
+    pd.testing.assert_frame_equal(trend, _from_rows(log), check_exact=False, rtol=1e-12)
+    assert trend.loc[3, "rows"] == 5 and trend.loc[3, "scored"] == 3 and trend.loc[2, "scored"] == 2
+    assert set(trend.columns) >= {"finish_stop", "finish_length"}
+    pd.testing.assert_frame_equal(fresh.trend(steps=[1, 3]), _from_rows(log).loc[[1, 3]], check_exact=False, rtol=1e-12)
+
+
+def test_another_threshold_or_reward_version_reads_the_rows_and_agrees(tmp_path: Path) -> None:
+    log = _mixed(tmp_path / "run")
+    pd.testing.assert_frame_equal(log.trend(threshold=0.5), _from_rows(log, 0.5), check_exact=False, rtol=1e-12)
+    log.rescore({"reward": lambda completion: float(len(completion))}, version="len", mode="inline", progress=False)
+    by_version = log.trend(version="len")
+    rows = log.rows(columns=["prompt_index", "completion_tokens", "finish_reason"])
+    expected = trend_table(rows, log.rewards("len")["reward"].to_numpy(dtype=float), threshold=1.0)
+    pd.testing.assert_frame_equal(by_version, expected)
+
+
+def test_a_log_without_summaries_reads_the_same_and_write_summaries_adds_them(tmp_path: Path) -> None:
+    log = _mixed(tmp_path / "run")
+    expected = _from_rows(log)
+    shutil.rmtree(tmp_path / "run" / "summaries")  # as rlgen before summaries wrote it
+    old = rlgen.RolloutLog(tmp_path / "run")
+    pd.testing.assert_frame_equal(old.trend(), expected, check_exact=False, rtol=1e-12)
+    (tmp_path / "run" / "summaries").mkdir()
+    (tmp_path / "run" / "summaries" / "step-000000000.main.deadbeef.json").write_text("{not json")  # a stray
+    assert old.write_summaries() == 6 and old.write_summaries() == 0
+    again = rlgen.RolloutLog(tmp_path / "run")
+    pd.testing.assert_frame_equal(again.trend(), expected, check_exact=False, rtol=1e-12)
+    assert again._cache.columns == {}
+
+
+def test_a_part_some_summaries_lack_is_read_from_its_rows_and_a_summary_without_its_part_is_ignored(tmp_path: Path) -> None:
+    log = _mixed(tmp_path / "run")
+    expected = _from_rows(log)
+    summaries = sorted((tmp_path / "run" / "summaries").iterdir())
+    summaries[2].unlink()  # a part appended before summaries, among ones after
+    (tmp_path / "run" / "summaries" / "step-000000009.main.0badcafe.json").write_text(summaries[0].read_text())
+    fresh = rlgen.RolloutLog(tmp_path / "run")
+    pd.testing.assert_frame_equal(fresh.trend(), expected, check_exact=False, rtol=1e-12)
+    assert list(fresh._cache.columns) == [summaries[2].name.replace(".json", ".parquet")]
+
+
+def test_a_failed_part_write_leaves_no_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = rlgen.RolloutLog.create(tmp_path / "run")
+    real = Store.write_new
+
+    def refuse_parts(self: Store, data: bytes, *names: str) -> str:
+        if names[0] == "parts":
+            raise OSError("disk full")
+        return real(self, data, *names)
+
+    monkeypatch.setattr(Store, "write_new", refuse_parts)
+    with pytest.raises(OSError):
+        log.append(0, scored([["yes", "no"]]))
+    monkeypatch.undo()
+    assert list((tmp_path / "run" / "summaries").iterdir()) == [] and log.steps == []
+    log.append(0, scored([["yes", "no"]]))
+    assert log.trend()["reward"].tolist() == [0.5]
+
+
+def test_a_steps_rows_are_listed_by_its_prefix_not_the_whole_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = rlgen.RolloutLog.create(tmp_path / "run")
+    for step in range(12):
+        log.append(step, scored([["yes", "no"]]))
+    log.append(5, scored([["no", "no"]]), name="eval")
+    listed: list[tuple[tuple[str, ...], str]] = []
+    real = Store.list
+
+    def spy(self: Store, *names: str, prefix: str = "") -> list[str]:
+        listed.append((names, prefix))
+        return real(self, *names, prefix=prefix)
+
+    monkeypatch.setattr(Store, "list", spy)
+    rows = log.rows(steps=5, columns=["reward"])
+    assert listed == [(("parts",), "step-000000005.")]
+    assert sorted(rows["reward"].tolist()) == [0.0, 0.0, 0.0, 1.0] and set(rows["step"]) == {5}
+    assert np.array_equal(log.rows(steps=[5, 7])["step"].unique(), [5, 7])
+    assert len(log.rows(steps=range(12))) == 26 and log.load(5, name="eval").df["completion"].tolist() == ["no", "no"]
