@@ -45,6 +45,16 @@ re-score (reading and concatenating the parts, preparing the rows, scoring, seri
 writing the version files, with and without fsync) by calling the same internals in the same
 order, and one fresh interpreter's import + open + trend + plot.
 
+Scale (`--phases scale`, issue 45; `--scale-repeats` fresh interpreters each, default 5; with `--s3`
+the log is also copied to a local S3 server, moto's, started here, and read as `s3://`): each
+scenario in a NEW interpreter (imports untimed; `s` is opening the log and the call; `peak_rss_mib`
+the process's peak RSS):
+
+    trend_local / trend_s3            `log.trend()` (from the parts' summaries)
+    trend_no_summaries_local          the same with the summaries moved away (a log written before
+                                      rlgen kept them: every part's five columns are read)
+    step_local / step_s3              `log.rows(steps=<the middle step>)`
+
 Targets, judged on the 90% bootstrap interval of the median (`_common.bootstrap_median`,
 `_common.compare`): PASS only if the whole interval is within the bound, else MISS (with the
 numbers: whether the interval straddles the bound or lies wholly beyond it):
@@ -567,6 +577,94 @@ def fresh_process(path: str) -> dict[str, float] | str:
     return loaded
 
 
+SCALE_PROCESS = r"""
+import json, resource, sys, time
+import rlgen
+url, what, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+t0 = time.perf_counter()
+log = rlgen.RolloutLog(url, storage_options=opts or None)
+if what == "trend":
+    n = int(log.trend()["rows"].sum())
+else:
+    n = len(log.rows(steps=int(what)))
+s = time.perf_counter() - t0
+print(json.dumps({"s": s, "rows": n, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def scale_run(url: str, what: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """One fresh interpreter's open + `trend()` or one step's `rows()` (see SCALE_PROCESS)."""
+    env = {**os.environ, "PYTHONPATH": str(C.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", SCALE_PROCESS, url, what, json.dumps(options or {})],
+                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr[-800:]}
+    loaded: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+def moto_log(path: str) -> tuple[str, dict[str, Any], subprocess.Popen[bytes]]:
+    """The log at `path` copied to a moto S3 server started here: (its URL, storage options, the server)."""
+    import socket
+    import urllib.request
+
+    import boto3
+    import fsspec
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="runs")
+    options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    fs = fsspec.filesystem("s3", **options)
+    t0 = time.perf_counter()
+    files = [f for f in Path(path).rglob("*") if f.is_file()]
+    fs.put([str(f) for f in files], [f"runs/log/{f.relative_to(path).as_posix()}" for f in files])
+    C.log(f"copied {len(files)} files to moto in {time.perf_counter() - t0:.0f} s")
+    return "s3://runs/log", options, server
+
+
+def scale(record: C.Record, path: str, repeats: int, *, s3: bool) -> None:
+    """The scale phase (module docstring): every scenario `repeats` times in fresh interpreters, in turn."""
+    step = str(record["log"]["steps"] // 2)
+    out: dict[str, Any] = {}
+    record["scale"] = out
+    hidden = Path(path) / "summaries"
+    for k in range(repeats):
+        for name, what in (("trend_local", "trend"), ("step_local", step)):
+            out.setdefault(name, []).append(scale_run(path, what, None))
+        hidden.rename(hidden.with_name("summaries-away"))
+        try:
+            out.setdefault("trend_no_summaries_local", []).append(scale_run(path, "trend", None))
+        finally:
+            hidden.with_name("summaries-away").rename(hidden)
+        C.log(f"scale round {k + 1}: " + ", ".join(f"{n} {v[-1].get('s', 'failed')}" for n, v in out.items()))
+        record.save()
+    if not s3:
+        return
+    url, options, server = moto_log(path)
+    try:
+        for k in range(repeats):
+            for name, what in (("trend_s3", "trend"), ("step_s3", step)):
+                out.setdefault(name, []).append(scale_run(url, what, options))
+            C.log(f"scale s3 round {k + 1}: trend {out['trend_s3'][-1].get('s')}, step {out['step_s3'][-1].get('s')}")
+            record.save()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def breakdown(record: C.Record, path: str, base: Rollouts | None, repeats: int, root: Path, phases: list[str], *,
               fresh: bool = True) -> None:
     out: dict[str, Any] = {}
@@ -829,7 +927,9 @@ def main() -> None:
     ap.add_argument("--rescore-repeats", type=int, default=5, help="timed rounds of the re-score scenarios (default 5)")
     ap.add_argument("--breakdown-repeats", type=int, default=2, help="passes of each breakdown (default 2)")
     ap.add_argument("--phases", default="trend,rescore,breakdown", help="comma-separated subset of "
-                    "trend,rescore,breakdown (the build and the sizes always run)")
+                    "trend,rescore,breakdown,scale (the build and the sizes always run)")
+    ap.add_argument("--scale-repeats", type=int, default=5, help="fresh interpreters per scale scenario (default 5)")
+    ap.add_argument("--s3", action="store_true", help="scale phase: also on a moto S3 server (needs moto, s3fs)")
     ap.add_argument("--dir", default=None, help="where to build the log (default: a new temporary folder)")
     ap.add_argument("--keep", action="store_true", help="leave the built log in place")
     ap.add_argument("--quick", action="store_true", help="6 steps of 4 x 4 rows, 1 round, no fresh interpreter: a smoke "
@@ -838,14 +938,15 @@ def main() -> None:
     args = ap.parse_args()
     if C.reported_again(args, report):
         return
-    phases = C.subset(ap, "--phases", args.phases, ("trend", "rescore", "breakdown"))
+    phases = C.subset(ap, "--phases", args.phases, ("trend", "rescore", "breakdown", "scale"))
     if args.quick:
         args.steps, args.prompts, args.samples = 6, 4, 4
         args.repeats, args.rescore_repeats, args.breakdown_repeats = 1, 1, 1
     os.environ.setdefault("MPLBACKEND", "Agg")
     record = C.Record(args.out, args, "bench/run_log.py")
     record["loadavg_at_start"] = os.getloadavg()  # the CPUs are shared: other work shows here
-    record["packages"] = {name: C.package_version(name) for name in ("pyarrow", "numpy", "matplotlib", "cloudpickle")}
+    record["packages"] = {name: C.package_version(name) for name in ("pyarrow", "numpy", "matplotlib", "cloudpickle",
+                                                                      "pandas", "s3fs", "moto")}
     record["phases"] = {}
     root = Path(tempfile.mkdtemp(prefix="rlgen-run-log-", dir=args.dir))
     try:
@@ -865,6 +966,8 @@ def main() -> None:
         if "breakdown" in phases:
             breakdown(record, path, base, args.breakdown_repeats, root,
                       [p for p in ("trend", "rescore") if p in phases] or ["trend", "rescore"], fresh=not args.quick)
+        if "scale" in phases:
+            scale(record, path, args.scale_repeats, s3=args.s3)
     finally:
         close_pools()
         if args.keep:
