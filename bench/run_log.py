@@ -909,9 +909,29 @@ def report(record: C.Record) -> None:
         top = list(found["columns_per_row"].items())[:12]
         print("  compressed bytes/row by column (parts' footers): "
               + ", ".join(f"{k} {v:.0f}" for k, v in top), flush=True)
+    scale_report(record)
     record["targets"] = targets
     record["comparisons"] = comparisons
     print(f"load average at start {record['loadavg_at_start']}, at end {record.data.get('loadavg_at_end')}", flush=True)
+
+
+def scale_report(record: C.Record) -> None:
+    """The scale phase's table: per scenario the runs, their median and 90% interval, peak RSS;
+    every run is checked to have read every row (trend) or one step's rows."""
+    found = record.data.get("scale")
+    if not found:
+        return
+    built = record["log"]
+    expected = {"trend": built["rows"], "step": built["rows_per_step"][built["steps"] // 2]}
+    rows = []
+    for name, runs in found.items():
+        ok = [r for r in runs if "s" in r and r["rows"] == expected[name.split("_")[0]]]
+        seconds = [r["s"] for r in ok]
+        median = C.median_or_none(seconds)
+        rows.append([name, f"{len(ok)}/{len(runs)}", C.fmt(median, ".3f"), _interval(seconds),
+                     ", ".join(f"{v:.2f}" for v in seconds), C.fmt(max((r["peak_rss_mib"] for r in ok), default=None), ".0f")])
+    C.print_table(f"Scale: fresh interpreters, {built['rows']:,} rows in {built['parts']} parts (open + call, s)",
+                  ["scenario", "right", "median", "90% CI", "runs", "peak MiB"], rows)
 
 
 # ---------------------------------------------------------------------------------------------

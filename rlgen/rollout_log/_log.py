@@ -516,8 +516,7 @@ class RolloutLog:
         from ._views import part_summary, summary_trend
 
         parts = self._parts(steps)
-        have = set(self._store.list(SUMMARIES)) if parts else set()
-        found = read_summaries(self._store, [p for p in parts if p.summary_file in have])
+        found = read_summaries(self._store, parts)
         usable = {f: s for f, s in found.items() if s.get("summary") == _SUMMARY and s.get("threshold") == threshold}
         rest = [p for p in parts if p.file not in usable]
         if rest:
@@ -533,14 +532,19 @@ class RolloutLog:
             raise LogError("version 'logged' has no column 'reward' in some parts: trend(reward=...) names another")
         return summary_trend(pairs)
 
-    def write_summaries(self) -> int:
+    def write_summaries(self, *, index: bool = True) -> int:
         """Write the summary of every part that lacks one (a log written before rlgen kept them),
         each create-only, so `trend` reads summaries instead of the parts' columns; returns how many
-        were written. Safe while a run appends, and to run twice."""
+        were written. With `index`, then gather the summaries no index holds yet into one new index
+        file (`summaries/index-<id>.json`): on an object store `trend` then GETs that one file, not
+        one a part (call it now and then on a long run: a loop every few hundred steps, or a reader).
+        Safe while a run appends, and to run twice: nothing is replaced."""
+        from ._parts import summarised, write_index
         from ._views import part_summary
 
-        have = set(self._store.list(SUMMARIES))
-        rest = [p for p in self._parts() if p.summary_file not in have]
+        have = summarised(self._store)
+        parts = self._parts()
+        rest = [p for p in parts if p.file not in have]
         written = 0
         for start in range(0, len(rest), 256):  # a batch at a time: the rows of all parts at once may not fit
             batch = rest[start:start + 256]
@@ -554,6 +558,8 @@ class RolloutLog:
                 values = part_rows["reward"].to_numpy(dtype=float) if "reward" in part_rows.columns else None
                 summary = part_summary(part_rows, values, threshold=1.0)
                 written += self._store.create(json.dumps(summary).encode(), SUMMARIES, part.summary_file)
+        if index:
+            write_index(self._store, parts)
         return written
 
     @property

@@ -5,7 +5,8 @@ within its step, a random id) and reading it back (`PartName`); the claim of a (
 (`claims/step-000000010.train.claim`, created before the part is written, by one writer only: see
 `RolloutLog.append`, and what it holds: `claim_record`); the name of a part's summary
 (`summaries/step-000000010.train.3f9c1a2b.json`, written before its part, read only for a part
-that exists) and reading many of them (`read_summaries`); the stable prompt key
+that exists), reading many of them (`read_summaries`) and gathering many into one index file
+(`write_index`: fewer GETs on an object store); the stable prompt key
 (`prompt_keys`); turning a result into a part's bytes (`part_bytes`: the result's own parquet
 format, `Rollouts.to_parquet`, with the log's columns `step` and `prompt_key` added); and reading
 parts: the light columns of many parts into one DataFrame (`read_light`: only the columns asked
@@ -41,11 +42,12 @@ if TYPE_CHECKING:
 
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["CLAIMS", "PARTS", "SUMMARIES", "LightCache", "PartName", "claim_record", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light", "read_summaries", "step_prefix"]
+__all__ = ["CLAIMS", "PARTS", "SUMMARIES", "LightCache", "PartName", "claim_record", "part_bytes", "prompt_keys", "read_full", "read_ids", "read_light", "read_summaries", "step_prefix", "summarised", "write_index"]
 
 PARTS = "parts"  # the folder of parts under a log's root
 CLAIMS = "claims"  # the folder of claims of (step, name): one small JSON file each, never a part
 SUMMARIES = "summaries"  # the folder of per-part summaries (what the trend needs), one JSON file per part
+_INDEX = "index-"  # summaries/index-<id>.json: many parts' summaries in one file (write_index)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^step-(\d{9})\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})\.parquet$")
 MAX_STEP = 10**9 - 1
@@ -95,14 +97,49 @@ def step_prefix(step: int) -> str:
 
 
 def read_summaries(store: Store, parts: Sequence[PartName]) -> dict[str, dict[str, Any]]:
-    """The summaries of `parts` that exist and read whole, by part file; concurrently (on an
-    object store each is a GET). A part without one (a log written before summaries) is absent."""
-    def one(part: PartName) -> tuple[str, dict[str, Any] | None]:
-        return part.file, store.read_json(SUMMARIES, part.summary_file)
-
+    """The summaries of `parts` that exist and read whole, by part file: from the folder's indexes
+    (`index-*.json`, `write_index`: many parts' summaries in one file) first, then one file per
+    part not in one, read concurrently (on an object store each is a GET). A part without any (a
+    log written before summaries) is absent."""
+    listed = store.list(SUMMARIES) if parts else []
+    indexes = [f for f in listed if f.startswith(_INDEX)]
+    wanted = {p.file for p in parts}
+    found: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=8 if store.is_local else 32) as pool:
-        found = list(pool.map(one, parts))
-    return {file: summary for file, summary in found if summary is not None}
+        for index in pool.map(lambda f: store.read_json(SUMMARIES, f) or {}, indexes):
+            found.update({f: v for f, v in index.get("parts", {}).items() if f in wanted and isinstance(v, dict)})
+        have = set(listed)
+        rest = [p for p in parts if p.file not in found and p.summary_file in have]
+        for file, summary in pool.map(lambda p: (p.file, store.read_json(SUMMARIES, p.summary_file)), rest):
+            if summary is not None:
+                found[file] = summary
+    return found
+
+
+def write_index(store: Store, parts: Sequence[PartName]) -> int:
+    """One index file (`summaries/index-<id>.json`, create-only) holding the summaries of `parts`
+    that no index holds yet, so a reader GETs one file for them, not one each; returns how many
+    it holds (0: nothing written). Readers take the union of the indexes and the single files."""
+    indexed = _indexed(store, store.list(SUMMARIES) if parts else [])
+    found = read_summaries(store, [p for p in parts if p.file not in indexed])
+    if found:
+        store.write_new(json.dumps({"parts": found}).encode(), SUMMARIES, f"{_INDEX}{uuid.uuid4().hex[:8]}.json")
+    return len(found)
+
+
+def summarised(store: Store) -> set[str]:
+    """The part files that have a summary: a file of their own, or a place in an index."""
+    listed = store.list(SUMMARIES)
+    singles = {f[: -len(".json")] + ".parquet" for f in listed if not f.startswith(_INDEX)}
+    return singles | _indexed(store, listed)
+
+
+def _indexed(store: Store, listed: Sequence[str]) -> set[str]:
+    """The part files the indexes among `listed` (names in SUMMARIES) hold."""
+    out: set[str] = set()
+    for f in [f for f in listed if f.startswith(_INDEX)]:
+        out.update((store.read_json(SUMMARIES, f) or {}).get("parts", {}))
+    return out
 
 
 def claim_record(part: PartName) -> dict[str, Any]:

@@ -124,3 +124,37 @@ def test_a_second_writer_of_one_name_never_replaces_the_first(tmp_path: Path, mo
         store.write_new(b"second", "parts", "a.parquet")
     assert (tmp_path / "parts" / "a.parquet").read_bytes() == b"first"
     assert sorted(os.listdir(tmp_path / "parts")) == ["a.parquet"]  # no temporary file left
+
+
+@pytest.mark.timeout(180)
+def test_on_s3_the_trend_reads_summaries_and_an_index_and_a_step_is_listed_by_its_prefix(s3: dict[str, str]) -> None:
+    import pandas as pd
+
+    from rlgen.rollout_log._store import Store
+    from rlgen.rollout_log._views import trend_table
+
+    url = "s3://runs/summaries"
+    log = rlgen.RolloutLog.create(url, storage_options=s3)
+    for step in range(4):
+        log.append(step, scored([["yes", "no"], ["no", "no"]] if step % 2 else [["yes", "yes"], ["no", "yes"]]))
+    rows = log.rows(columns=["prompt_index", "completion_tokens", "finish_reason", "reward"])
+    expected = trend_table(rows, rows["reward"].to_numpy(dtype=float), threshold=1.0)
+    reader = rlgen.RolloutLog(url, storage_options=s3)
+    pd.testing.assert_frame_equal(reader.trend(), expected, check_exact=False, rtol=1e-12)
+    assert reader._cache.columns == {}
+    assert log.write_summaries() == 0
+    assert len([f for f in log._store.list("summaries") if f.startswith("index-")]) == 1
+    pd.testing.assert_frame_equal(rlgen.RolloutLog(url, storage_options=s3).trend(), expected, check_exact=False, rtol=1e-12)
+    listed: list[str] = []
+    real = reader._store._fs.find
+
+    def spy(path: str, prefix: str = "", **kwargs: object) -> object:
+        listed.append(prefix)
+        return real(path, prefix=prefix, **kwargs)
+
+    reader._store._fs.find = spy
+    try:
+        assert reader.rows(steps=2, columns=["reward"])["reward"].tolist() == [1.0, 1.0, 0.0, 1.0]
+    finally:
+        del reader._store._fs.find
+    assert listed == ["step-000000002."] and isinstance(reader._store, Store)

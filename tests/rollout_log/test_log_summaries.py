@@ -121,3 +121,19 @@ def test_a_steps_rows_are_listed_by_its_prefix_not_the_whole_folder(tmp_path: Pa
     assert sorted(rows["reward"].tolist()) == [0.0, 0.0, 0.0, 1.0] and set(rows["step"]) == {5}
     assert np.array_equal(log.rows(steps=[5, 7])["step"].unique(), [5, 7])
     assert len(log.rows(steps=range(12))) == 26 and log.load(5, name="eval").df["completion"].tolist() == ["no", "no"]
+
+
+def test_an_index_gathers_the_summaries_into_one_file_and_later_parts_add_to_it(tmp_path: Path) -> None:
+    log = _mixed(tmp_path / "run")
+    assert log.write_summaries() == 0  # every part has one: only the index is written
+    folder = tmp_path / "run" / "summaries"
+    indexes = sorted(folder.glob("index-*.json"))
+    assert len(indexes) == 1
+    for single in folder.glob("step-*.json"):
+        single.unlink()  # the index alone is enough
+    log.append(4, scored([["yes", "no"]]))
+    fresh = rlgen.RolloutLog(tmp_path / "run")
+    pd.testing.assert_frame_equal(fresh.trend(), _from_rows(log), check_exact=False, rtol=1e-12)
+    assert fresh._cache.columns == {}
+    assert log.write_summaries() == 0 and len(list(folder.glob("index-*.json"))) == 2
+    assert log.write_summaries() == 0 and len(list(folder.glob("index-*.json"))) == 2  # nothing new: no index
