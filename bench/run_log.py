@@ -50,7 +50,8 @@ the log is also copied to a local S3 server, moto's, started here, and read as `
 scenario in a NEW interpreter (imports untimed; `s` is opening the log and the call; `peak_rss_mib`
 the process's peak RSS):
 
-    trend_local / trend_s3            `log.trend()` (from the parts' summaries)
+    trend_local / trend_s3            `log.trend()` (from the parts' summaries, one file a part)
+    trend_s3_indexed                  the same after `log.write_summaries()` wrote one index of them
     trend_no_summaries_local          the same with the summaries moved away (a log written before
                                       rlgen kept them: every part's five columns are read)
     step_local / step_s3              `log.rows(steps=<the middle step>)`
@@ -660,6 +661,13 @@ def scale(record: C.Record, path: str, repeats: int, *, s3: bool) -> None:
                 out.setdefault(name, []).append(scale_run(url, what, options))
             C.log(f"scale s3 round {k + 1}: trend {out['trend_s3'][-1].get('s')}, step {out['step_s3'][-1].get('s')}")
             record.save()
+        t0 = time.perf_counter()
+        rlgen.RolloutLog(url, storage_options=options).write_summaries()  # one index of every part's summary
+        out["write_index_s3_s"] = time.perf_counter() - t0
+        for k in range(repeats):
+            out.setdefault("trend_s3_indexed", []).append(scale_run(url, "trend", options))
+            C.log(f"scale s3 indexed round {k + 1}: trend {out['trend_s3_indexed'][-1].get('s')}")
+            record.save()
     finally:
         server.terminate()
         server.wait(30)
@@ -925,6 +933,8 @@ def scale_report(record: C.Record) -> None:
     expected = {"trend": built["rows"], "step": built["rows_per_step"][built["steps"] // 2]}
     rows = []
     for name, runs in found.items():
+        if not isinstance(runs, list):
+            continue
         ok = [r for r in runs if "s" in r and r["rows"] == expected[name.split("_")[0]]]
         seconds = [r["s"] for r in ok]
         median = C.median_or_none(seconds)
