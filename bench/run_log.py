@@ -55,6 +55,8 @@ the process's peak RSS):
     trend_no_summaries_local          the same with the summaries moved away (a log written before
                                       rlgen kept them: every part's five columns are read)
     step_local / step_s3              `log.rows(steps=<the middle step>)`
+    step_open_local / step_open_s3    the same in a process that opened the log and read the next step
+                                      first (imports, the S3 client's set-up done): the step's read alone
 
 Targets, judged on the 90% bootstrap interval of the median (`_common.bootstrap_median`,
 `_common.compare`): PASS only if the whole interval is within the bound, else MISS (with the
@@ -586,6 +588,10 @@ t0 = time.perf_counter()
 log = rlgen.RolloutLog(url, storage_options=opts or None)
 if what == "trend":
     n = int(log.trend()["rows"].sum())
+elif what.startswith("open:"):  # the log open and another step read first (imports, the S3 client): one step alone
+    log.rows(steps=int(what[5:]) + 1)
+    t0 = time.perf_counter()
+    n = len(log.rows(steps=int(what[5:])))
 else:
     n = len(log.rows(steps=int(what)))
 s = time.perf_counter() - t0
@@ -643,7 +649,7 @@ def scale(record: C.Record, path: str, repeats: int, *, s3: bool) -> None:
     record["scale"] = out
     hidden = Path(path) / "summaries"
     for k in range(repeats):
-        for name, what in (("trend_local", "trend"), ("step_local", step)):
+        for name, what in (("trend_local", "trend"), ("step_local", step), ("step_open_local", f"open:{step}")):
             out.setdefault(name, []).append(scale_run(path, what, None))
         hidden.rename(hidden.with_name("summaries-away"))
         try:
@@ -657,7 +663,7 @@ def scale(record: C.Record, path: str, repeats: int, *, s3: bool) -> None:
     url, options, server = moto_log(path)
     try:
         for k in range(repeats):
-            for name, what in (("trend_s3", "trend"), ("step_s3", step)):
+            for name, what in (("trend_s3", "trend"), ("step_s3", step), ("step_open_s3", f"open:{step}")):
                 out.setdefault(name, []).append(scale_run(url, what, options))
             C.log(f"scale s3 round {k + 1}: trend {out['trend_s3'][-1].get('s')}, step {out['step_s3'][-1].get('s')}")
             record.save()
@@ -930,7 +936,8 @@ def scale_report(record: C.Record) -> None:
     if not found:
         return
     built = record["log"]
-    expected = {"trend": built["rows"], "step": built["rows_per_step"][built["steps"] // 2]}
+    mid = built["rows_per_step"][built["steps"] // 2]
+    expected = {"trend": built["rows"], "step": mid}
     rows = []
     for name, runs in found.items():
         if not isinstance(runs, list):

@@ -402,7 +402,7 @@ def test_run_log_bench_quick_run_times_checks_breaks_down_and_sizes_every_scenar
 def test_run_log_bench_quick_scale_times_trend_with_and_without_summaries_and_one_step(tmp_path: Path) -> None:
     data, out = _run_log(tmp_path, "--phases", "scale", "--scale-repeats", "1")
     scale = data["scale"]
-    assert list(scale) == ["trend_local", "step_local", "trend_no_summaries_local"]
+    assert list(scale) == ["trend_local", "step_local", "step_open_local", "trend_no_summaries_local"]
     assert [r["rows"] for r in (scale["trend_local"][0], scale["trend_no_summaries_local"][0])] == [96, 96]
     assert scale["step_local"][0]["rows"] == 16 and all(r[0]["s"] > 0 and r[0]["peak_rss_mib"] > 0 for r in scale.values())
     assert "Scale: fresh interpreters" in out and " 1/1 " in out
