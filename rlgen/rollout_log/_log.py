@@ -513,7 +513,7 @@ class RolloutLog:
     def _summary_trend(self, steps: Steps, threshold: float) -> pd.DataFrame:
         """The logged reward's trend from the parts' summaries, a part without one (or with another
         threshold) summarised from its rows here; exactly `trend_table` on the same rows."""
-        from ._views import part_summary, summary_trend
+        from ._views import part_summary, summary_trend, trend_table
 
         parts = self._parts(steps)
         found = read_summaries(self._store, parts)
@@ -522,6 +522,8 @@ class RolloutLog:
         if rest:
             rows = read_light(self._store, self._cache, rest, ["step", "prompt_index", "completion_tokens",
                                                                "finish_reason", "reward"])
+            if not usable and "reward" in rows.columns:  # no summary at all (an old log): the table at once
+                return trend_table(rows, rows["reward"].to_numpy(dtype=float), threshold=threshold)
             if "reward" not in rows.columns:
                 rows["reward"] = float("nan")
             for file, part_rows in rows.groupby("part", sort=False):
