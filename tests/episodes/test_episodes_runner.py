@@ -284,7 +284,7 @@ def test_turns_that_are_ready_together_go_as_one_batched_request_and_give_the_sa
     # episode's next turn leaves as soon as its own answer is in, so later batches may hold fewer)
     seeds = [[p["sampling_seed"] for p in (batch if isinstance(batch, list) else [batch] * size)]
              for batch, size in zip(params, sizes)]
-    assert seeds[0] == [11, 12, 13] and sorted(sum(seeds, [])) == [11, 11, 12, 12, 13, 13]
+    assert seeds[0] == [11, 12, 13] and sorted(s for batch in seeds for s in batch) == [11, 11, 12, 12, 13, 13]
     assert seeded.df.status.eq("done").all()
     params.clear()
     sizes.clear()
