@@ -324,10 +324,11 @@ def test_episodes_bench_runs_on_the_cpu_backend(isolated: str, model_path: str, 
     assert all(r["tokens"] == 8 for r in results["per-episode"]["runs"])
     for run in lock["runs"]:  # one request of both episodes per turn, the same sampled tokens
         assert run["tokens"] == 8 and run["details"]["request_sizes"] == [2, 2]
-    for run in episodes["runs"]:  # the batched turns: both episodes' turn in one request, or (streamed since
-        # fc02ac3: an episode answered first goes on at once) in one each
+    for run in episodes["runs"]:  # each turn: both episodes' in one request, or in one each (an episode
+        # answered first goes on at once, and a loaded machine may start one past the 5 ms window);
+        # the window itself is tested in tests/test_sender.py
         sizes = run["details"]["turn_requests"]
-        assert sizes[0] == [2] and sorted(sizes[1]) in ([2], [1, 1])
+        assert len(sizes) == 2 and all(sorted(s) in ([2], [1, 1]) for s in sizes)
         assert run["details"]["requests"] == sum(len(s) for s in sizes)
     for run in episodes["runs"] + single["runs"]:
         d = run["details"]
