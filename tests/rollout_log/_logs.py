@@ -1,8 +1,19 @@
-"""Results to log without a server: a call's rows built from SGLang-shaped answers."""
+"""Results to log without a server: a call's rows built from SGLang-shaped answers; and a moto S3
+server to log them to."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from _cpu_server_process import free_port
 
 from rlgen.rollouts import Rollouts, rollouts_from_responses
 
@@ -35,3 +46,34 @@ def scored(completions: Sequence[Sequence[str]]) -> Rollouts:
 
 def says_yes(completion: str) -> float:
     return float(completion == "yes")
+
+
+@contextlib.contextmanager
+def moto_s3(argv: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """A moto S3 server started as `python <argv> <port>` with a bucket `runs`: s3fs's storage
+    options for it; stopped on exit. `argv` e.g. ["-m", "moto.server", "-p"]."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    port = free_port()
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    server = subprocess.Popen([sys.executable, *argv, str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.2)
+        import boto3
+
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="runs")
+        yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -8,17 +8,12 @@ import multiprocessing
 import os
 import queue
 import re
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _cpu_server_process import free_port
-from _logs import call
+from _logs import call, moto_s3
 
 import rlgen
 
@@ -127,31 +122,8 @@ def serial_s3() -> Iterator[dict[str, Any]]:
     """moto's S3 API, serving one request at a time. S3 decides a conditional PUT atomically; moto's
     threaded server checks, then stores, in two steps two threads can interleave: one request at a
     time gives S3's guarantee (and the claims' PUTs race from separate processes as on S3)."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto")
-    port = free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    server = subprocess.Popen([sys.executable, "-c", SERIAL_MOTO, str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto's S3 server did not start") from None
-                time.sleep(0.2)
-        import boto3
-
-        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="runs")
-        yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
-    finally:
-        server.terminate()
-        server.wait(30)
+    with moto_s3(["-c", SERIAL_MOTO]) as options:
+        yield options
 
 
 @pytest.mark.timeout(600)

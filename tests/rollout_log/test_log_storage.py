@@ -9,13 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from _cpu_server_process import free_port
-from _logs import says_yes, scored
+from _logs import moto_s3, says_yes, scored
 
 import rlgen
 
@@ -66,33 +65,9 @@ def test_a_writer_killed_while_appending_leaves_every_completed_part_and_no_part
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto")
-    port = free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto's S3 server did not start") from None
-                time.sleep(0.2)
-        import boto3
-
-        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="runs")
-        options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
-        yield options  # type: ignore[misc]
-    finally:
-        server.terminate()
-        server.wait(30)
+def s3() -> Iterator[dict[str, Any]]:
+    with moto_s3(["-m", "moto.server", "-p"]) as options:
+        yield options
 
 
 @pytest.mark.timeout(180)
