@@ -133,7 +133,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         tokenizer: a Hugging Face tokenizer with a chat template (token-faithful deltas, `_template`).
         prompts: chats (lists of message dicts).
         env: what `as_environment` takes (a function, a class with reset/step, a factory, tool_env(...)),
-            or an `Environment` it made (then used as it is, with its own timeout).
+            or an `Environment` it made (re-timed to `env_timeout` where it can be; one that
+            cannot keep its own).
         max_turns: the most assistant turns per episode ("max_turns" when the environment still
             answers after the last one).
         max_new_tokens: per turn.
