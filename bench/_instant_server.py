@@ -110,20 +110,23 @@ def build(model: str, delay: float) -> web.Application:
         app.router.add_route(method, "/flush_cache", ok)
     app.router.add_post("/abort_request", ok)
 
-    async def orphaned(app: web.Application) -> Any:
-        parent = os.getppid()
-
-        async def watch() -> None:
-            while os.getppid() == parent:
-                await asyncio.sleep(0.5)
-            os._exit(0)  # the bench that started it was killed: nothing will stop this server
-
-        task = asyncio.ensure_future(watch())
-        yield
-        task.cancel()
-
-    app.cleanup_ctx.append(orphaned)
+    app.cleanup_ctx.append(exit_with_parent)
     return app
+
+
+async def exit_with_parent(app: web.Application) -> Any:
+    """An app's cleanup context that ends the process once its parent is gone: the bench that
+    started it was killed, and nothing else would stop it."""
+    parent = os.getppid()
+
+    async def watch() -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(0.5)
+        os._exit(0)
+
+    task = asyncio.ensure_future(watch())
+    yield
+    task.cancel()
 
 
 if __name__ == "__main__":

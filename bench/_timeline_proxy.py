@@ -17,14 +17,13 @@ started it is gone.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import sys
 import time
 from typing import Any
 
 import aiohttp
 import orjson
+from _instant_server import exit_with_parent
 from aiohttp import web
 
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -78,22 +77,10 @@ def build(upstream: str) -> web.Application:
         yield
         await state["session"].close()
 
-    async def orphaned(app: web.Application) -> Any:
-        parent = os.getppid()
-
-        async def watch() -> None:
-            while os.getppid() == parent:
-                await asyncio.sleep(0.5)
-            os._exit(0)  # the bench that started it was killed: nothing will stop this proxy
-
-        task = asyncio.ensure_future(watch())
-        yield
-        task.cancel()
-
     app = web.Application(client_max_size=1 << 30)
     app.router.add_get("/_timeline", timeline)
     app.router.add_route("*", "/{tail:.*}", forward)
-    app.cleanup_ctx.extend([session_ctx, orphaned])
+    app.cleanup_ctx.extend([session_ctx, exit_with_parent])
     return app
 
 
