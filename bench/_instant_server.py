@@ -12,7 +12,7 @@ client's own work and the HTTP round trip, with no model behind it. `episodes_cl
 (and tests/test_bench.py, for `episodes.py --server`); it exits when the process that started it
 is gone.
 
-    python bench/_instant_server.py MODEL_DIR PORT [SECONDS_PER_REQUEST]
+    python bench/_instant_server.py MODEL_DIR SECONDS_PER_REQUEST PORT
 """
 
 from __future__ import annotations
@@ -130,5 +130,5 @@ async def exit_with_parent(app: web.Application) -> Any:
 
 
 if __name__ == "__main__":
-    web.run_app(build(sys.argv[1], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0), host="127.0.0.1",
-                port=int(sys.argv[2]), access_log=None, print=None)
+    web.run_app(build(sys.argv[1], float(sys.argv[2])), host="127.0.0.1", port=int(sys.argv[3]), access_log=None,
+                print=None)

@@ -293,6 +293,26 @@ async def _env_step(env: Callable[..., Any], messages: list[dict[str, Any]], dat
     return await asyncio.get_running_loop().run_in_executor(pool, env, messages, data)
 
 
+
+async def _post_generate(session: Any, url: str, payload: dict[str, Any]) -> Any:
+    """One POST /generate of `payload` (orjson both ways, the cyclic GC paused while the answer is
+    decoded, as rlgen's client does); its decoded answer. Raises on an HTTP error."""
+    import gc
+
+    import orjson
+
+    async with session.post(url + "/generate", data=orjson.dumps(payload),
+                            headers={"Content-Type": "application/json"}) as r:
+        raw = await r.read()
+        if r.status >= 400:
+            raise RuntimeError(f"/generate failed with HTTP {r.status}: {raw[:300]!r}")
+    gc.disable()
+    try:
+        return orjson.loads(raw)
+    finally:
+        gc.enable()
+
+
 async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any, *, n: int, turns: int,
                    sampling: dict[str, Any], reply: str, env: Callable[..., Any] | None = None,
                    data: Sequence[Any] | None = None, pool: Executor | None = None,
@@ -308,10 +328,8 @@ async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], token
     the cyclic GC paused while an answer is decoded, as rlgen's client does. `rid`: each item's rid
     is `f"{rid}{e}-{turn}"` (episode e, turn 0, 1, ...; none without it). Returns (sampled tokens,
     samples per request)."""
-    import gc
 
     import aiohttp
-    import orjson
 
     from rlgen.episodes import message_delta_ids
 
@@ -328,16 +346,7 @@ async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], token
             payload = {"input_ids": [ids[e] for e in running], "sampling_params": sampling, "return_logprob": True}
             if rid is not None:
                 payload["rid"] = [f"{rid}{e}-{turn}" for e in running]
-            body = orjson.dumps(payload)
-            async with session.post(url + "/generate", data=body, headers={"Content-Type": "application/json"}) as r:
-                raw = await r.read()
-                if r.status >= 400:
-                    raise RuntimeError(f"/generate failed with HTTP {r.status}: {raw[:300]!r}")
-            gc.disable()
-            try:
-                answers = orjson.loads(raw)
-            finally:
-                gc.enable()
+            answers = await _post_generate(session, url, payload)
             if not isinstance(answers, list) or len(answers) != len(running):
                 raise RuntimeError(f"/generate answered {type(answers).__name__} for {len(running)} histories")
             sizes.append(len(answers))
@@ -391,10 +400,8 @@ async def per_episode(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], to
     has no connection limit (aiohttp's default, 100, would queue the episodes' requests); orjson,
     and the GC paused while an answer is decoded, as `lockstep`. `rid` as `lockstep`'s. Returns
     (sampled tokens, samples per request: 1s)."""
-    import gc
 
     import aiohttp
-    import orjson
 
     from rlgen.episodes import message_delta_ids
 
@@ -404,7 +411,6 @@ async def per_episode(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], to
     starts = [(chat, f) for chat, f in zip(chats, first) for _ in range(n)]
     sampled = [0] * len(starts)
     requests = [0] * len(starts)
-    headers = {"Content-Type": "application/json"}
 
     async def episode(e: int, chat: Sequence[Mapping[str, Any]], ids: list[int],
                       session: aiohttp.ClientSession) -> None:
@@ -414,16 +420,7 @@ async def per_episode(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], to
             payload = {"input_ids": ids, "sampling_params": sampling, "return_logprob": True}
             if rid is not None:
                 payload["rid"] = f"{rid}{e}-{turn}"
-            body = orjson.dumps(payload)
-            async with session.post(url + "/generate", data=body, headers=headers) as r:
-                raw = await r.read()
-                if r.status >= 400:
-                    raise RuntimeError(f"/generate failed with HTTP {r.status}: {raw[:300]!r}")
-            gc.disable()
-            try:
-                answer = orjson.loads(raw)
-            finally:
-                gc.enable()
+            answer = await _post_generate(session, url, payload)
             if isinstance(answer, list) and len(answer) == 1:
                 answer = answer[0]
             out = answer["output_ids"]

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -122,20 +120,9 @@ class Timeline:
 
 
 def start_server(model: str, delay_s: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(HERE / "_instant_server.py"), model, str(port), str(delay_s)])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if C.http_request(url, "/health", timeout=1)[0] == 200:
-                return proc, url
-        except OSError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the instant server did not start")
+    """The instant server on `model`'s tokenizer, answering after `delay_s`: (process, URL)."""
+    proc, url = E.start_helper("_instant_server.py", model, str(delay_s))
+    return proc, url
 
 
 def methods(eng: Any, chats: list[Any], size: dict[str, int], clock: GcClock, runs: dict[str, list[dict[str, Any]]],
