@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from ._parts import (
     read_light,
     read_summaries,
     step_prefix,
+    write_index,
 )
 from ._store import Store, open_store
 from ._versions import LOGGED, logged_columns, read_lineage, read_version, scored_parts, version_names
@@ -62,6 +64,7 @@ _FORMAT = "rlgen-rollout-log"
 _VERSION = 1
 _SUMMARY = 1  # _views.SUMMARY_VERSION: a summary of another version is recomputed from the rows
 Steps = int | range | Sequence[int] | None
+_INDEX_EVERY = 256  # append: after this many parts of one writer, their summaries gather into an index
 _PREFIX_STEPS = 8  # up to this many steps are listed one prefix each; more, the whole folder once
 
 
@@ -111,6 +114,7 @@ class RolloutLog:
         self._info: dict[str, Any] = info
         self._cache = LightCache()
         self._tokenizer = tokenizer
+        self._appended = 0  # parts this object appended: every _INDEX_EVERY-th one indexes the summaries
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, exist_ok: bool = False,
@@ -288,7 +292,9 @@ class RolloutLog:
 
         Of writers appending one (step, name) at once, exactly one succeeds: each first claims it
         (`claims/step-<step>.<name>.claim`, created by one writer only, locally O_EXCL, on S3 a
-        conditional PUT), and only the claim's winner writes the part. A writer killed between the
+        conditional PUT), and only the claim's winner writes the part. Every 256th part a log object
+        appends, it also gathers the summaries no index holds yet into one index file (`trend` on an
+        object store then GETs a few files, not one a part). A writer killed between the
         claim and a complete part leaves the claim: the next append of that (step, name) is refused
         with the claim's file, who made it and when; remove it to log the step again.
 
@@ -314,7 +320,20 @@ class RolloutLog:
                 self._store.remove(SUMMARIES, part.summary_file)
                 self._store.remove(CLAIMS, part.claim_file)
             raise
+        self._appended += 1
+        if self._appended % _INDEX_EVERY == 0:
+            self._index_quietly()
         return part.file
+
+    def _index_quietly(self) -> None:
+        """Gather the summaries no index holds yet into one index file (`write_index`), so a reader
+        GETs one file for them (on an object store, not one a part); a failure only warns: the part
+        is written, and the summaries are still read one by one."""
+        try:
+            write_index(self._store, self._parts())
+        except (OSError, LogError) as err:
+            warnings.warn(f"the summaries of {self._store.url} were not indexed ({err}); trend() reads them one by "
+                          "one, slower on object storage: call log.write_summaries() to index them", stacklevel=3)
 
     def _refuse_taken(self, part: PartName, *, claimed: bool) -> None:
         """LogError where (step, name) has a part; where `claimed` (another writer holds the claim)
@@ -539,7 +558,8 @@ class RolloutLog:
         each create-only, so `trend` reads summaries instead of the parts' columns; returns how many
         were written. With `index`, then gather the summaries no index holds yet into one new index
         file (`summaries/index-<id>.json`): on an object store `trend` then GETs that one file, not
-        one a part (call it now and then on a long run: a loop every few hundred steps, or a reader).
+        one a part (`append` does this itself every 256 parts it writes; call it for a log written
+        by another tool, or before rlgen indexed).
         Safe while a run appends, and to run twice: nothing is replaced."""
         from ._parts import summarised, write_index
         from ._views import part_summary

@@ -48,6 +48,7 @@ PARTS = "parts"  # the folder of parts under a log's root
 CLAIMS = "claims"  # the folder of claims of (step, name): one small JSON file each, never a part
 SUMMARIES = "summaries"  # the folder of per-part summaries (what the trend needs), one JSON file per part
 _INDEX = "index-"  # summaries/index-<id>.json: many parts' summaries in one file (write_index)
+_DIRECT_READS = 1024  # read_summaries: up to this many summaries outside an index are read by name
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FILE = re.compile(r"^step-(\d{9})\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})\.parquet$")
 MAX_STEP = 10**9 - 1
@@ -98,18 +99,21 @@ def step_prefix(step: int) -> str:
 
 def read_summaries(store: Store, parts: Sequence[PartName]) -> dict[str, dict[str, Any]]:
     """The summaries of `parts` that exist and read whole, by part file: from the folder's indexes
-    (`index-*.json`, `write_index`: many parts' summaries in one file) first, then one file per
-    part not in one, read concurrently (on an object store each is a GET). A part without any (a
+    (`index-*.json`, `write_index`: many parts' summaries in one file; one prefix listing finds
+    them) first, then one file per part not in one, read concurrently (on an object store each is
+    a GET). Up to `_DIRECT_READS` such parts are read by name (a missing one costs a failed GET);
+    more, the folder is listed once and only the files it holds are read. A part without any (a
     log written before summaries) is absent."""
-    listed = store.list(SUMMARIES) if parts else []
-    indexes = [f for f in listed if f.startswith(_INDEX)]
+    indexes = store.list(SUMMARIES, prefix=_INDEX) if parts else []
     wanted = {p.file for p in parts}
     found: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=8 if store.is_local else 32) as pool:
         for index in pool.map(lambda f: store.read_json(SUMMARIES, f) or {}, indexes):
             found.update({f: v for f, v in index.get("parts", {}).items() if f in wanted and isinstance(v, dict)})
-        have = set(listed)
-        rest = [p for p in parts if p.file not in found and p.summary_file in have]
+        rest = [p for p in parts if p.file not in found]
+        if len(rest) > _DIRECT_READS:
+            have = set(store.list(SUMMARIES))
+            rest = [p for p in rest if p.summary_file in have]
         for file, summary in pool.map(lambda p: (p.file, store.read_json(SUMMARIES, p.summary_file)), rest):
             if summary is not None:
                 found[file] = summary
@@ -120,7 +124,7 @@ def write_index(store: Store, parts: Sequence[PartName]) -> int:
     """One index file (`summaries/index-<id>.json`, create-only) holding the summaries of `parts`
     that no index holds yet, so a reader GETs one file for them, not one each; returns how many
     it holds (0: nothing written). Readers take the union of the indexes and the single files."""
-    indexed = _indexed(store, store.list(SUMMARIES) if parts else [])
+    indexed = _indexed(store, store.list(SUMMARIES, prefix=_INDEX) if parts else [])
     found = read_summaries(store, [p for p in parts if p.file not in indexed])
     if found:
         store.write_new(json.dumps({"parts": found}).encode(), SUMMARIES, f"{_INDEX}{uuid.uuid4().hex[:8]}.json")

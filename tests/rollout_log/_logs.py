@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from _cpu_server_process import free_port
 
 from rlgen.rollouts import Rollouts, rollouts_from_responses
 
@@ -52,6 +51,8 @@ def says_yes(completion: str) -> float:
 def moto_s3(argv: Sequence[str]) -> Iterator[dict[str, Any]]:
     """A moto S3 server started as `python <argv> <port>` with a bucket `runs`: s3fs's storage
     options for it; stopped on exit. `argv` e.g. ["-m", "moto.server", "-p"]."""
+    from _cpu_server_process import free_port  # here: a writer process imports this module without tests/
+
     pytest.importorskip("s3fs")
     pytest.importorskip("moto")
     port = free_port()

@@ -137,3 +137,40 @@ def test_an_index_gathers_the_summaries_into_one_file_and_later_parts_add_to_it(
     assert fresh._cache.columns == {}
     assert log.write_summaries() == 0 and len(list(folder.glob("index-*.json"))) == 2
     assert log.write_summaries() == 0 and len(list(folder.glob("index-*.json"))) == 2  # nothing new: no index
+
+
+def test_every_256th_append_of_a_log_object_indexes_the_summaries_and_a_reader_then_lists_only_indexes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = rlgen.RolloutLog.create(tmp_path / "run")
+    res = scored([["yes", "no"]])
+    for step in range(255):
+        log.append(step, res)
+    folder = tmp_path / "run" / "summaries"
+    assert list(folder.glob("index-*.json")) == []
+    log.append(255, res)  # the 256th part: its summaries and the 255 before go into one index
+    (index,) = folder.glob("index-*.json")
+    log.append(256, res)  # after the index: read by its name
+    listed: list[tuple[tuple[str, ...], str]] = []
+    real = Store.list
+
+    def spy(self: Store, *names: str, prefix: str = "") -> list[str]:
+        listed.append((names, prefix))
+        return real(self, *names, prefix=prefix)
+
+    monkeypatch.setattr(Store, "list", spy)
+    fresh = rlgen.RolloutLog(tmp_path / "run")
+    trend = fresh.trend()
+    assert len(trend) == 257 and trend["reward"].tolist() == [0.5] * 257
+    assert listed == [(("parts",), ""), (("summaries",), "index-")]  # no listing of the single summaries
+    assert fresh._cache.columns == {}  # every step from a summary: no part's rows read
+
+
+def test_a_reader_finds_single_summaries_beyond_the_direct_reads_by_one_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlgen.rollout_log._parts as parts
+
+    monkeypatch.setattr(parts, "_DIRECT_READS", 2)
+    log = _mixed(tmp_path / "run")
+    fresh = rlgen.RolloutLog(tmp_path / "run")
+    pd.testing.assert_frame_equal(fresh.trend(), _from_rows(log), check_exact=False, rtol=1e-12)
+    assert fresh._cache.columns == {}
