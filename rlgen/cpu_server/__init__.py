@@ -20,8 +20,10 @@ Modules:
     _response      SGLang's response, logprob and error bodies; results from the scheduler thread
     _fields        every /generate field and sampling key with SGLang's default and what is done with it
     _jobs          Job, SamplingParams, SeqOutput: the data passed between the routes and the runner
+    _pause         SGLang's pause gate: requests held while paused, aborts of those not yet scheduled (499)
     _runner        the scheduler thread: inbox, admission, aborts, control calls, prefill and decode
-                   steps, prefix-cache reuse, memory release and resume
+                   steps, prefix-cache reuse, memory release and resume, the scheduler's pause
+                   (in_place, retract)
     _model         the transformers model: loading, forward pass, LM head, weight reload, freeing
     _batch         the running batch's tensors (left-padded, growing KV cache) and their surgery
     _sampling      penalties, token choice (greedy, top-k/top-p/min-p, seeds), logprobs, top-k lists

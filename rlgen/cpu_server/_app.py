@@ -2,15 +2,17 @@
 
 Owns: the aiohttp application (routes, the `--api-key` rule, a handler's bug answered as SGLang's
 500 body), what the routes share (`BackendState`: the runner, the event loop's tokenizer, the
-server's identity, weight version, readiness and metrics counters), /generate's flow (submit the
-planned jobs, answer whole or as an SSE stream, abort the jobs when the client leaves), health,
-info, loads and metrics, and the control endpoints (abort, flush, memory release and resume,
-weight updates, which run on the scheduler thread through `Runner.call`; the GC freeze, which is
-the whole process's). It composes what knows less: `_request` parses and validates bodies,
-`_response` shapes results and error bodies, `_lora_api` serves the LoRA endpoints and resolves a
-/generate's `lora_path` (the adapters stay in use until the request has finished). The shapes
-follow docs/sglang-api.md; section numbers in comments refer to it. Knows nothing about tensors,
-batching or sampling: the runner is reached only through its thread-safe API.
+server's identity, weight version, pause gate, readiness and metrics counters), /generate's flow
+(wait at the pause gate, submit the planned jobs, answer whole or as an SSE stream, abort the jobs
+when the client leaves), health, info, loads and metrics, and the control endpoints (abort,
+pause and continue, flush, memory release and resume, weight updates, which run on the scheduler
+thread through `Runner.call`: at once while paused, else once running requests have finished, as
+SGLang's model_update_lock; the GC freeze, which is the whole process's). It composes what knows
+less: `_request` parses and validates bodies, `_response` shapes results and error bodies,
+`_pause` holds requests while paused and marks the aborted ones, `_lora_api` serves the LoRA
+endpoints and resolves a /generate's `lora_path` (the adapters stay in use until the request has
+finished). The shapes follow docs/sglang-api.md; section numbers in comments refer to it. Knows
+nothing about tensors, batching or sampling: the runner is reached only through its thread-safe API.
 
 Threading: everything here runs on the event loop thread, including the tokenizer this module
 owns (the runner has its own). Results come back from the scheduler thread through
@@ -20,6 +22,7 @@ owns (the runner has its own). Results come back from the scheduler thread throu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hmac
 import logging
@@ -35,24 +38,28 @@ from aiohttp import web
 from rlgen.cpu_server._faults import MidRequestDeath
 from rlgen.cpu_server._jobs import Job, SamplingParams, SeqOutput, on_scheduler
 from rlgen.cpu_server._lora_api import LoraApi
+from rlgen.cpu_server._pause import PauseGate, RequestAborted
 from rlgen.cpu_server._request import (
     Item,
     Plan,
     RequestValidationError,
     check_generate_types,
+    continue_body,
     max_req_input_len,
     memory_tags_body,
     parse_body,
+    pause_body,
     plan_generate,
     typed,
 )
 from rlgen.cpu_server._response import (
     Collector,
     json_response,
+    open_sse,
     shape_output,
-    sse_error,
     validation_error,
     value_error,
+    write_sse_error,
 )
 from rlgen.cpu_server._runner import Runner
 from rlgen.cpu_server._tool_parsers import ToolParserError, parse_function_call
@@ -90,6 +97,7 @@ class BackendState:
     served_model_name: str
     lora: LoraApi
     weight_version: str = "default"
+    gate: PauseGate = field(default_factory=PauseGate)
     ready: bool = False
     death: MidRequestDeath = field(default_factory=MidRequestDeath)
     # Prometheus counters under SGLang's metric names (served at /metrics with --enable-metrics)
@@ -104,9 +112,13 @@ class BackendState:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
         return text
 
+    def collector(self, count: int) -> Collector:
+        """A Collector for `count` sequences, stamping each snapshot with the weight version."""
+        return Collector(asyncio.get_running_loop(), count, version=lambda: self.weight_version)
+
     async def run_jobs(self, jobs: list[Job]) -> list[SeqOutput]:
         """Submit jobs and wait for their final outputs (used by the warm-up and health probes)."""
-        collector = Collector(asyncio.get_running_loop(), len(jobs))
+        collector = self.collector(len(jobs))
         for index, job in enumerate(jobs):
             job.sink = collector.sink(index)
         self.runner.submit(jobs)
@@ -164,6 +176,8 @@ def build_app(state: BackendState, *, api_key: str | None = None) -> web.Applica
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", routes.generate)
     app.router.add_post("/abort_request", routes.abort_request)
+    app.router.add_post("/pause_generation", routes.pause_generation)
+    app.router.add_post("/continue_generation", routes.continue_generation)
     app.router.add_post("/update_weights_from_disk", routes.update_weights_from_disk)
     app.router.add_post("/update_weights_from_tensor", routes.update_weights_from_tensor)
     app.router.add_post("/update_weight_version", routes.update_weight_version)
@@ -183,6 +197,10 @@ class Routes:
     # ---- /generate ---------------------------------------------------------------------------
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's order: the body's types, then (a stream's 200 and headers, then) the pause gate,
+        the LoRA adapters, tokenization and validation, the scheduler. A ValueError after the types
+        is 400 `{"error": ...}`, or 200 and an error event in a stream; an abort that caught the
+        request before the scheduler is 499 (RequestAborted)."""
         self.state.death.maybe_die()
         started = time.monotonic()
         try:
@@ -190,26 +208,28 @@ class Routes:
             fields = check_generate_types(body)
         except RequestValidationError as e:
             return validation_error(str(e))
-        stream = bool(fields["stream"])
+        response = await open_sse(request) if fields["stream"] else None
         runner = self.state.runner
         lora_ids = None  # the request's LoRA adapters, in use until it has finished
         try:
-            try:
-                lora_ids = await self.state.lora.acquire(fields["lora_path"])
-                plan = plan_generate(fields, self.state.tokenizer, vocab_size=runner.vocab_size,
-                                     context_length=runner.context_length, lora_ids=lora_ids)  # fmt: skip
-            except ValueError as e:
-                if stream:  # SGLang validates inside the stream generator: 200 + an error event
-                    return await sse_error(request, str(e))
-                return value_error(str(e))
-            if stream:
-                return await self._stream(request, plan, started)
-            return await self._collect(request, plan, started)
+            async with self.state.gate.passage(_logical_rids(fields["rid"])) as ticket:
+                try:
+                    lora_ids = await self.state.lora.acquire(fields["lora_path"])
+                    plan = plan_generate(fields, self.state.tokenizer, vocab_size=runner.vocab_size,
+                                         context_length=runner.context_length, lora_ids=lora_ids)  # fmt: skip
+                    ticket.check()  # SGLang checks again after tokenizing
+                except ValueError as e:
+                    return await _failed(e, response)
+                if response is not None:
+                    return await self._stream(response, plan, started)
+                return await self._collect(request, plan, started)
+        except RequestAborted as e:  # held at the pause gate when an abort came
+            return await _failed(e, response)
         finally:
             self.state.lora.release(lora_ids)
 
     async def _collect(self, request: web.Request, plan: Plan, started: float) -> web.Response:
-        collector = Collector(asyncio.get_running_loop(), len(plan.jobs))
+        collector = self.state.collector(len(plan.jobs))
         self._submit(plan, collector)
         finals = await _wait_or_abort(collector.finals(), request, self.state.runner, plan)
         if finals is None:
@@ -221,17 +241,15 @@ class Routes:
         shaped = [self._shape(out, plan.items[i], started) for i, out in enumerate(finals)]
         return json_response(shaped[0] if plan.is_single else shaped)
 
-    async def _stream(self, request: web.Request, plan: Plan, started: float) -> web.StreamResponse:
-        collector = Collector(asyncio.get_running_loop(), len(plan.jobs))
+    async def _stream(self, response: web.StreamResponse, plan: Plan, started: float) -> web.StreamResponse:
+        collector = self.state.collector(len(plan.jobs))
         self._submit(plan, collector)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
         try:
             async for index, out in collector.updates():
                 if out.error is not None:
                     chunk: dict[str, Any] = {"error": {"message": out.error[1]}}
                 else:
-                    chunk = self._shape(out, plan.items[index], started)
+                    chunk = self._shape(out, plan.items[index], started, stream=True)
                     if not plan.is_single:
                         chunk["index"] = index  # SGLang tags batch stream chunks (1.8)
                 await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
@@ -253,7 +271,7 @@ class Routes:
             job.sink = collector.sink(index)
         self.state.runner.submit(plan.jobs)
 
-    def _shape(self, out: SeqOutput, item: Item, started: float) -> dict[str, Any]:
+    def _shape(self, out: SeqOutput, item: Item, started: float, *, stream: bool = False) -> dict[str, Any]:
         """One sequence's answer (1.7); a finished one counts in the metrics unless log_metrics is off."""
         if out.finished and item.log_metrics:
             counters = self.state.counters
@@ -261,7 +279,7 @@ class Routes:
             counters["sglang:generation_tokens_total"] += len(out.output_ids)
             counters["sglang:num_requests_total"] += 1
         return shape_output(out, item, started, weight_version=self.state.weight_version,
-                            token_text=self.state.token_text)
+                            token_text=self.state.token_text, stream=stream)
 
     # ---- health and info ---------------------------------------------------------------------
 
@@ -278,6 +296,9 @@ class Routes:
         """200 once the scheduler produces anything (like SGLang's health_generate), else 503."""
         runner = self.state.runner
         if not self.state.ready:
+            return web.Response(status=503)
+        # SGLang's probe is a /generate: while paused it waits at the gate, and gets no answer in time.
+        if not await self.state.gate.wait_open(_HEALTH_TIMEOUT_S):
             return web.Response(status=503)
         tic = time.monotonic()
         if runner.busy:
@@ -357,10 +378,52 @@ class Routes:
         except RequestValidationError as e:
             return validation_error(str(e))
         if abort_all:
-            self.state.runner.abort(None)
+            self._abort(None)
         elif rid:  # SGLang ignores an empty rid
-            self.state.runner.abort(rid)
+            self._abort(rid)
         return web.Response(status=200)
+
+    def _abort(self, rid: str | None) -> None:
+        """SGLang's TokenizerManager.abort_request: the requests with this rid (None: all) that
+        have not reached the scheduler end with 499 (`_pause`); the scheduler's end with abort."""
+        self.state.gate.mark_aborted(rid)
+        self.state.runner.abort(rid)
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        """SGLang's /pause_generation: new requests wait at the gate from now on, in every mode.
+        "abort" aborts every request and answers once all have come back; "in_place" stops the
+        scheduler's steps; "retract" also sends its running requests back to the queue without
+        their KV. The scheduler answers aborts and control calls meanwhile."""
+        try:
+            mode = pause_body(await request.read())
+        except RequestValidationError as e:
+            return validation_error(str(e))
+        gate, runner = self.state.gate, self.state.runner
+        async with gate.lock:
+            gate.close(mode)
+            if mode == "abort":
+                # The aborts go first, so that requests retracted by an earlier pause answer from
+                # the queue; then the scheduler steps again (if an earlier pause stopped it) so that
+                # running requests can finish their last step: SGLang would wait for them forever.
+                self._abort(None)
+                await self._on_scheduler(lambda: runner.pause(None), barrier=False)
+                await gate.drain(lambda: self._abort(None))
+            else:
+                await self._on_scheduler(lambda: runner.pause(mode), barrier=False)
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        """SGLang's /continue_generation: the scheduler steps again, then the held requests go on
+        (`torch_empty_cache` has nothing to empty on the CPU)."""
+        try:
+            continue_body(await request.read())
+        except RequestValidationError as e:
+            return validation_error(str(e))
+        gate, runner = self.state.gate, self.state.runner
+        async with gate.lock:
+            await self._on_scheduler(lambda: runner.pause(None), barrier=False)
+            gate.open()
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         """Empty the prefix cache; SGLang answers 400 with the same text while requests run or wait."""
@@ -400,39 +463,63 @@ class Routes:
         return await on_scheduler(self.state.runner, fn, barrier=barrier)
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        """SGLang's UpdateWeightFromDiskReqInput: `model_path`, `weight_version`, `flush_cache`
+        (default true), `abort_all_requests`; 200 or 400 with {"success", "message",
+        "num_paused_requests"}. When (`_update_weights`) as in SGLang."""
         try:
             body = await _json_body(request)
             path = typed(body, "model_path", (str,), "a string", required=True)
             version = typed(body, "weight_version", (str, type(None)), "a string")
             abort_all = typed(body, "abort_all_requests", (bool, type(None)), "a boolean")
+            flush = typed(body, "flush_cache", (bool, type(None)), "a boolean") is not False
         except RequestValidationError as e:
             return validation_error(str(e))
         runner = self.state.runner
-        if abort_all:
-            runner.abort(None)
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[bool, str]] = loop.create_future()
-
-        def finish(result: Any, error: BaseException | None) -> None:
-            outcome = (False, f"Failed to update weights: {error}") if error else result
-            loop.call_soon_threadsafe(done.set_result, outcome)
-
-        # Runs once in-flight requests finish, like SGLang's model_update_lock writer.
-        runner.call(lambda: runner.reload_weights(path), finish)
-        success, message = await done
+        success, message = await self._update_weights(
+            lambda: runner.reload_weights(path, flush_cache=flush), version, abort_all=bool(abort_all))
         if success:
             self.state.model_path = path
             self.state.served_model_name = path
-            if version is not None:
-                self.state.weight_version = version
-                message += f" Weight version updated to {version}."
         payload = {"success": success, "message": message, "num_paused_requests": 0}
         return json_response(payload, 200 if success else 400)
 
+    async def _update_weights(self, load: Callable[[], tuple[bool, str]], version: str | None, *,
+                              abort_all: bool) -> tuple[bool, str]:
+        """A weight update as SGLang's tokenizer manager runs one: with `abort_all`, every request
+        is aborted first; while paused it runs at once (the scheduler refuses flush_cache when the
+        pause holds requests); else once the running requests have finished, delaying later ones
+        (SGLang's model_update_lock writer). A `weight_version` is taken on success, in the same
+        event-loop callback that resolves the update, so every output collected after it carries it."""
+        if abort_all:
+            self._abort(None)
+        gate = self.state.gate
+        async with gate.lock:  # a continue does not race an update that runs while paused
+            if gate.paused:
+                return await self._run_update(load, version, barrier=False)
+        return await self._run_update(load, version, barrier=True)
+
+    async def _run_update(self, load: Callable[[], tuple[bool, str]], version: str | None, *,
+                          barrier: bool) -> tuple[bool, str]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[bool, str]] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:  # on the event loop
+            success, message = (False, f"Failed to update weights: {error}") if error is not None else result
+            if success and version is not None:
+                self.state.weight_version = version
+                message += f" Weight version updated to {version}."
+            done.set_result((success, message))
+
+        def finish(result: Any, error: BaseException | None) -> None:  # on the scheduler thread
+            loop.call_soon_threadsafe(settle, result, error)
+
+        self.state.runner.call(load, finish, barrier=barrier)
+        return await done
+
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
         """SGLang's UpdateWeightsFromTensorReqInput, the tensors by value (`_tensors`): rank 0's entry
-        is loaded once in-flight requests finish; 200 or 400 with {"success", "message"}. Where
-        SGLang's scheduler would die (an undecodable payload, a shape mismatch), this answers 400."""
+        is loaded when `_update_weights` says; 200 or 400 with {"success", "message"}. Where SGLang's
+        scheduler would die (an undecodable payload, a shape mismatch), this answers 400."""
         try:
             body = await _json_body(request)
             entries = typed(body, "serialized_named_tensors", (list,), "a list of strings", items=(str,), required=True)
@@ -445,16 +532,10 @@ class Routes:
         except RequestValidationError as e:
             return validation_error(str(e))
         runner = self.state.runner
-        if abort_all:
-            runner.abort(None)
-        try:
-            success, message = await self._on_scheduler(
-                lambda: runner.load_tensors(entries[0], load_format, flush_cache=flush is not False))
-        except ValueError as e:  # an undecodable payload or an unknown load format
-            success, message = False, f"Failed to update weights: {e}"
-        if success and version is not None:
-            self.state.weight_version = version
-            message += f" Weight version updated to {version}."
+        # An undecodable payload or an unknown load format is "Failed to update weights: ...".
+        success, message = await self._update_weights(
+            lambda: runner.load_tensors(entries[0], load_format, flush_cache=flush is not False), version,
+            abort_all=bool(abort_all))
         return json_response({"success": success, "message": message}, 200 if success else 400)
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
@@ -464,8 +545,8 @@ class Routes:
             abort_all = typed(body, "abort_all_requests", (bool, type(None)), "a boolean")
         except RequestValidationError as e:
             return validation_error(str(e))
-        if abort_all:
-            self.state.runner.abort(None)
+        if abort_all is not False:  # UpdateWeightVersionReqInput.abort_all_requests defaults to true
+            self._abort(None)
         self.state.weight_version = version
         return json_response({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
 
@@ -493,6 +574,24 @@ async def _wait_or_abort(
                 runner.abort(job.rid)
             task.cancel()
             return None
+
+
+def _logical_rids(rid: Any) -> tuple[str, ...]:
+    """The rids a /generate body names (a string or a list), as an abort by rid matches them."""
+    if isinstance(rid, str):
+        return (rid,)
+    return tuple(rid) if isinstance(rid, list) else ()
+
+
+async def _failed(error: ValueError, response: web.StreamResponse | None) -> web.StreamResponse:
+    """A /generate that failed before the scheduler: 400 `{"error": ...}` (499 for an abort), or
+    in a started stream the error event and [DONE]."""
+    status = int(getattr(error, "status_code", 400))
+    if response is None:
+        return value_error(str(error), status)
+    with contextlib.suppress(ConnectionResetError):  # the client left; nobody reads this
+        await write_sse_error(response, str(error), status)
+    return response
 
 
 def _gc_object_counts() -> list[int]:

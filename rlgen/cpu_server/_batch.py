@@ -1,9 +1,10 @@
 """The CPU backend's running batch: per-sequence decode state and the row-aligned tensors.
 
-Owns: `Seq` (the scheduler's mutable state of one sequence), `Batch` (KV cache, attention mask,
-positions, last tokens and output-token counts, all row-aligned), the KV cache whose layers append
-into spare capacity (`_GrowingLayer`), and the surgery on batches: keeping some rows, merging two
-batches, and laying cached prefixes out as batch tensors. Knows nothing about the model, sampling,
+Owns: `Seq` (the scheduler's mutable state of one sequence, kept whole while it waits to be
+prefilled again after a retraction), `Batch` (KV cache, attention mask, positions, last tokens and
+output-token counts, all row-aligned), the KV cache whose layers append into spare capacity
+(`_GrowingLayer`), and the surgery on batches: keeping some rows, merging two batches, and laying
+cached prefixes out as batch tensors. Knows nothing about the model, sampling,
 text, the scheduler's queue or HTTP: these are pure functions on tensors, called by `_runner`.
 
 Layout: rows are padded on the left to a common length; the mask is 0 on padding, and the cache
@@ -39,6 +40,16 @@ class Seq:
     # How many trailing output tokens to decode when looking for stop strings.
     stop_tail_tokens: int = 0
     cached_tokens: int = 0
+    # An abort that reached the sequence while it ran (SGLang's `Req.to_finish`): the next step still
+    # samples a token, then the sequence finishes with this reason, before any length or stop check.
+    to_finish: dict[str, Any] | None = None
+    # Times it lost its KV and went back to the queue (a pause in "retract" mode).
+    num_retractions: int = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """The tokens a prefill runs over: the prompt, and after a retraction the output so far."""
+        return self.job.input_ids + self.output_ids if self.output_ids else self.job.input_ids
 
 
 @dataclass

@@ -91,6 +91,15 @@ class SeqOutput:
     # time.monotonic() when the scheduler took this snapshot: a finished sequence's finish time, so
     # that each row of a batch gets its own e2e_latency, as in SGLang
     produced_at: float = field(default_factory=time.monotonic)
+    # Times the sequence lost its KV and went back to the queue (a pause in "retract" mode): SGLang's
+    # meta_info.num_retractions.
+    num_retractions: int = 0
+    # Aborted while in the scheduler's waiting queue: SGLang's tokenizer manager answers these itself
+    # (_handle_abort_req), with a shorter meta_info.
+    queue_abort: bool = False
+    # The server's weight version when the snapshot reached the event loop (the HTTP layer stamps it
+    # there, as SGLang's tokenizer manager labels each output message it builds).
+    weight_version: str | None = None
 
     @property
     def finished(self) -> bool:

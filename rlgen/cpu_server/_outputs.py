@@ -72,6 +72,7 @@ def snapshot(seq: Seq, tokenizer: Any) -> SeqOutput:
         output_token_logprobs=list(seq.out_logprobs) if job.return_logprob else None,
         output_top_logprobs=list(seq.out_top) if job.return_logprob and job.top_logprobs_num > 0 else None,
         cached_tokens=seq.cached_tokens,
+        num_retractions=seq.num_retractions,
     )
 
 

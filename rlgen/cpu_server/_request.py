@@ -1,7 +1,8 @@
 """Request parsing and validation for the CPU backend's routes, as SGLang 0.5.x does it.
 
 Owns: decoding a JSON body, the type checks FastAPI/pydantic runs on a body (a wrong type is a
-`RequestValidationError`, which the routes answer with 400 and SGLang's ErrorResponse body), and
+`RequestValidationError`, which the routes answer with 400 and SGLang's ErrorResponse body), the
+bodies of /pause_generation and /continue_generation, and
 turning a /generate body into a `Plan`: SGLang's `GenerateReqInput` normalization (single or
 batch, text or input_ids, rids, per-prompt lists, n samples, each prompt's LoRA adapter),
 tokenization, the `SamplingParams.verify` rules and the context-length checks, each failure a
@@ -24,9 +25,12 @@ from rlgen.cpu_server._fields import SAMPLING_FIELDS, FieldTypeError, refusals, 
 from rlgen.cpu_server._jobs import Job, SamplingParams, SeqOutput
 
 __all__ = [
-    "Item", "Plan", "RequestValidationError", "check_generate_types", "max_req_input_len", "memory_tags_body",
-    "parse_body", "plan_generate", "typed",
+    "PAUSE_MODES", "Item", "Plan", "RequestValidationError", "check_generate_types", "continue_body",
+    "max_req_input_len", "memory_tags_body", "parse_body", "pause_body", "plan_generate", "typed",
 ]  # fmt: skip
+
+# PauseGenerationReqInput.mode's Literal, in SGLang's order.
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class RequestValidationError(Exception):
@@ -73,6 +77,34 @@ def typed(
 def memory_tags_body(body: Any) -> list[str] | None:
     """The `tags` of a release/resume body (ReleaseMemoryOccupationReqInput); None means all."""
     return cast("list[str] | None", typed(body, "tags", (list, type(None)), "a list of strings", items=(str,)))
+
+
+def pause_body(raw: bytes) -> str:
+    """The mode of a /pause_generation body (PauseGenerationReqInput): "abort" when absent, so `{}`
+    means abort. SGLang's route takes the body as a required `Body()`, so a request without one
+    is 400 "Field required", and a mode outside the Literal (null included) is 400 too."""
+    body = _required_body(raw)
+    if "mode" not in body:
+        return "abort"
+    mode = body["mode"]
+    if not isinstance(mode, str) or mode not in PAUSE_MODES:
+        raise RequestValidationError(f"Input should be 'abort', 'retract' or 'in_place': body.mode (got {mode!r:.80})")
+    return mode
+
+
+def continue_body(raw: bytes) -> bool:
+    """`torch_empty_cache` of a /continue_generation body (ContinueGenerationReqInput, default
+    true; nothing to empty on the CPU). A request without a body is 400 "Field required"."""
+    return typed(_required_body(raw), "torch_empty_cache", (bool,), "a valid boolean") is not False
+
+
+def _required_body(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise RequestValidationError("Field required: body")
+    body = parse_body(raw)
+    if not isinstance(body, dict):
+        raise RequestValidationError("Input should be a valid dictionary or object: body")
+    return body
 
 
 def _typed_input_ids(body: dict[str, Any]) -> list[Any] | None:

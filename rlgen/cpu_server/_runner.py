@@ -5,9 +5,11 @@ Owns: the scheduler thread and its loop, the inbox through which the HTTP layer 
 prefill-token budgets, aborts, the one running batch and its prefill and decode steps, the
 prefix cache (`_prefix_cache`: what a prompt may reuse, what is stored after a prefill, both under
 the row's LoRA adapter), LoRA adapters (`_lora`: loaded and unloaded here, at most
---max-loras-per-batch of them in the running batch, each row's set around every forward), and
-when the weights are reloaded (from disk, or from tensors a request carries), released and
-resumed, the way SGLang's memory saver does. It composes the parts that know less: `_model` (the
+--max-loras-per-batch of them in the running batch, each row's set around every forward), when
+the weights are reloaded (from disk, or from tensors a request carries), released and resumed,
+the way SGLang's memory saver does, and SGLang's scheduler pause (`pause`: "in_place" stops
+stepping and keeps every sequence's state; "retract" also drops the running sequences' KV and puts
+them back at the front of the queue, to be prefilled again over prompt + output so far). It composes the parts that know less: `_model` (the
 forward pass, the LM head, the weights), `_tensors` (weights sent as tensors),
 `_batch` (the batch's tensors and their surgery), `_sampling` (penalties, token choice, logprobs)
 and `_outputs` (stops, text, snapshots). It knows nothing about HTTP or JSON: results leave as
@@ -16,7 +18,8 @@ and `_outputs` (stops, text, snapshots). It knows nothing about HTTP or JSON: re
 Batching works like a small continuous-batching engine. Waiting jobs are prefilled together as
 one padded batch and merged into the running batch (both are padded on the left to a common
 length). Every decode step then runs all running rows through the model at once. Finished or
-aborted rows leave at step boundaries. Position ids are tracked per row, so the left padding does
+aborted rows leave at step boundaries; as in SGLang, a row aborted while it runs still samples
+one more token first (`Seq.to_finish`). Position ids are tracked per row, so the left padding does
 not change results beyond float rounding. A prompt whose prefix is cached is prefilled from the
 cached keys and values plus its remaining tokens; in the batch that prefix sits left of the new
 tokens, with padding between them where rows differ (masked like the left padding).
@@ -31,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -88,6 +91,14 @@ class _Abort:
         self.rid = rid  # None means abort everything
 
 
+# SGLang's FINISH_ABORT().to_json(): a running request that was aborted.
+_ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+# SGLang's tokenizer manager, for a request the scheduler took out of its waiting queue.
+_ABORTED_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
+# The modes in which the scheduler itself pauses (an "abort" pause happens in the HTTP layer).
+_SCHEDULER_PAUSE_MODES = ("in_place", "retract")
+
+
 class Runner:
     """Owns the model; `start()` runs the scheduler loop on a daemon thread.
 
@@ -127,7 +138,11 @@ class Runner:
         self._released_shapes: ParamShapes = {}
 
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._waiting: deque[Job | _Call] = deque()
+        # Jobs not started yet, sequences retracted by a pause (with their output so far), and
+        # barrier calls, in order.
+        self._waiting: deque[Job | Seq | _Call] = deque()
+        # SGLang's scheduler pause: None, "in_place" or "retract" (scheduler thread; read by others).
+        self.paused: str | None = None
         self._batch: Batch | None = None
         self._thread = threading.Thread(target=self._loop, name="rlgen-cpu-scheduler", daemon=True)
         self._step_delay = _faults.step_delay()
@@ -167,16 +182,21 @@ class Runner:
     def busy(self) -> bool:
         return self.num_running > 0 or self.num_waiting > 0
 
-    def reload_weights(self, model_path: str) -> tuple[bool, str]:
-        """Load weights from `model_path` into the live model (scheduler thread; use `call`)."""
+    def reload_weights(self, model_path: str, *, flush_cache: bool = True) -> tuple[bool, str]:
+        """Load weights from `model_path` into the live model (scheduler thread; use `call`). The
+        prefix cache, computed with the old weights, is emptied only with `flush_cache` (SGLang's
+        field, default true), which is refused while a pause holds sequences (`_flush_refusal`)."""
         if "weights" in self.released:
             # On SGLang this would write into unmapped GPU memory; here it is refused instead.
             return False, "Failed to update weights: the weights are released; resume_memory_occupation first."
+        refusal = self._flush_refusal(flush_cache)
+        if refusal:
+            return False, refusal
         success, message = load_weights(self.model, model_path)
         if success:
             self.model_path = model_path
-            # Cached keys and values were computed with the old weights (SGLang flushes here too).
-            self.prefix_cache.clear()
+            if flush_cache:
+                self.prefix_cache.clear()
         return success, message
 
     def load_tensors(self, entry: str, load_format: str | None, *, flush_cache: bool) -> tuple[bool, str]:
@@ -186,6 +206,9 @@ class Runner:
         client sending several buckets flushes with the last)."""
         if "weights" in self.released:
             return False, "Failed to update weights: the weights are released; resume_memory_occupation first."
+        refusal = self._flush_refusal(flush_cache)
+        if refusal:
+            return False, refusal
         success, message = load_named_tensors(self.model, named_tensors(decode_payload(entry), load_format))
         if success and flush_cache:
             self.prefix_cache.clear()
@@ -215,10 +238,52 @@ class Runner:
 
         Scheduler thread: use `call(..., barrier=False)`.
         """
-        if self._batch is not None or any(isinstance(item, Job) for item in self._waiting):
+        if self._num_pending():
             return False
         self.prefix_cache.clear()
         return True
+
+    def pause(self, mode: str | None) -> int:
+        """SGLang's scheduler pause (`Scheduler.pause_generation` / `continue_generation`); None
+        resumes. "in_place": no more steps, every sequence keeps its state and KV. "retract": the
+        running sequences also lose their KV and go back to the front of the queue, keeping their
+        output, to be prefilled again over prompt + output on resume (each counts a retraction).
+        Returns the number retracted. Scheduler thread: use `call(..., barrier=False)`."""
+        assert mode is None or mode in _SCHEDULER_PAUSE_MODES, mode
+        retracted = self._retract_all() if mode == "retract" else 0
+        if mode != self.paused:
+            logger.info(f"Generation {'continued' if mode is None else f'paused (mode={mode})'}. "
+                        f"#running-req: {len(self._batch.seqs) if self._batch else 0}, #retracted-req: {retracted}, "
+                        f"#queue-req: {len(self._waiting)}")  # fmt: skip
+        self.paused = mode
+        return retracted
+
+    def _retract_all(self) -> int:
+        batch = self._batch
+        seqs = [seq for seq in batch.seqs if seq.finish_reason is None] if batch is not None else []
+        for seq in seqs:
+            seq.num_retractions += 1
+        self._batch = None  # their keys and values go with it
+        self._waiting.extendleft(reversed(seqs))
+        return len(seqs)
+
+    def _num_pending(self) -> int:
+        """Sequences running or waiting (SGLang's scheduler is not `is_fully_idle`)."""
+        running = len(self._batch.seqs) if self._batch is not None else 0
+        return running + sum(isinstance(item, (Job, Seq)) for item in self._waiting)
+
+    def _flush_refusal(self, flush_cache: bool) -> str | None:
+        """Why a weight update that asks for a cache flush is refused, or None. SGLang 0.5.17 loads
+        the weights, then asserts that the flush succeeded: with sequences held by an "in_place" or
+        "retract" pause the assertion fails and its scheduler process dies. Here the update is
+        refused before anything changes."""
+        pending = self._num_pending() if self.paused is not None else 0
+        if not flush_cache or not pending:
+            return None
+        return (f"Failed to update weights: flush_cache=True needs an idle scheduler, but generation is paused "
+                f"(mode={self.paused}) with {pending} request(s) kept in the scheduler, whose cache cannot be "
+                "flushed (SGLang 0.5.17's scheduler dies here: 'Cache flush failed after updating weights'). "
+                "Pass flush_cache=false while paused with mode retract or in_place, or pause with mode abort.")
 
     def release_memory(self, tags: list[str] | None) -> None:
         """Free the memory of `tags` (all if None or empty), like SGLang with --enable-memory-saver.
@@ -267,10 +332,13 @@ class Runner:
                                            for s in self._batch.seqs) if self._batch else 0
 
     def _iterate(self) -> None:
-        """One scheduler step: take new work, then run a control call, a prefill or a decode step."""
+        """One scheduler step: take new work, then run a control call, a prefill or a decode step.
+        While paused, only the inbox (aborts, control calls) and barrier calls with nothing
+        ahead of them are served."""
         # Sleep in the inbox only when there is nothing at all to do.
-        self._take_inbox(block=self._batch is None and not self._waiting)
-        if self._run_barrier_call():
+        idle = self._batch is None and not self._waiting
+        self._take_inbox(block=idle or (self.paused is not None and not self._barrier_call_ready()))
+        if self._run_barrier_call() or self.paused is not None:
             return
         jobs = self._admit()
         if jobs and self.released:
@@ -280,14 +348,15 @@ class Runner:
         elif self._batch is not None:
             self._decode_step()
 
-    def _refuse_while_released(self, jobs: list[Job]) -> None:
+    def _refuse_while_released(self, jobs: list[Job | Seq]) -> None:
         # SGLang has no such check (its kernels would read unmapped memory); a clear error is kinder.
         message = (
             f"Cannot generate: memory is released ({', '.join(sorted(self.released))}); call "
             "/resume_memory_occupation, and reload the weights with /update_weights_from_disk, first."
         )
-        for job in jobs:
-            deliver(job.sink, error_output(Seq(job, None), message, status=503))
+        for item in jobs:
+            seq = item if isinstance(item, Seq) else Seq(item, None)
+            deliver(seq.job.sink, error_output(seq, message, status=503))
 
     def _fail_running(self, message: str) -> None:
         if self._batch is not None:
@@ -317,57 +386,62 @@ class Runner:
         def hit(job: Job) -> bool:
             return rid is None or job.rid == rid
 
-        # Waiting jobs answer like SGLang's "Abort in waiting queue".
-        kept: deque[Job | _Call] = deque()
+        # Waiting sequences answer at once, as SGLang's "Abort in waiting queue" (a retracted one
+        # with its output so far).
+        kept: deque[Job | Seq | _Call] = deque()
         for item in self._waiting:
             if isinstance(item, Job) and hit(item):
-                reason = {"type": "abort", "message": "Abort in waiting queue"}
-                deliver(item.sink, SeqOutput(item.rid, len(item.input_ids), [], "", reason))
+                deliver(item.sink, SeqOutput(item.rid, len(item.input_ids), [], "", dict(_ABORTED_WAITING), queue_abort=True))
+            elif isinstance(item, Seq) and hit(item.job):
+                item.finish_reason = dict(_ABORTED_WAITING)
+                deliver(item.job.sink, replace(snapshot(item, self.tokenizer), queue_abort=True))
             else:
                 kept.append(item)
         self._waiting = kept
-        # Running rows finish now with what they have.
-        if self._batch is not None:
-            aborted = [s for s in self._batch.seqs if hit(s.job)]
-            for seq in aborted:
-                seq.finish_reason = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
-                self._emit(seq)
-            if aborted:
-                self._drop_finished()
+        # Running rows still sample one more token, then finish with abort (SGLang's to_finish);
+        # while the scheduler is paused that step waits for the resume.
+        for seq in self._batch.seqs if self._batch is not None else []:
+            if hit(seq.job) and seq.finish_reason is None:
+                seq.to_finish = dict(_ABORTED)
+
+    def _barrier_call_ready(self) -> bool:
+        return bool(self._waiting) and isinstance(self._waiting[0], _Call) and self._batch is None
 
     def _run_barrier_call(self) -> bool:
         """Run a control call at the front of the queue once the batch has drained."""
-        if not self._waiting or not isinstance(self._waiting[0], _Call) or self._batch is not None:
+        if not self._barrier_call_ready():
             return False
         call = self._waiting.popleft()
         assert isinstance(call, _Call)
         _run_call(call)
         return True
 
-    def _admit(self) -> list[Job]:
-        """Take waiting jobs that fit the running and prefill-token budgets (at least one).
+    def _admit(self) -> list[Job | Seq]:
+        """Take waiting jobs (and retracted sequences) that fit the running and prefill-token
+        budgets (at least one).
 
         A job whose LoRA adapter would take the running batch past --max-loras-per-batch stays in
         the queue and the jobs behind it are still considered, as SGLang's scheduler skips it.
         """
         running = len(self._batch.seqs) if self._batch else 0
         adapters: set[str | None] = {s.job.lora_id for s in self._batch.seqs} if self._batch else set()
-        jobs: list[Job] = []
-        skipped: list[Job] = []
+        jobs: list[Job | Seq] = []
+        skipped: list[Job | Seq] = []
         longest = 0
-        while self._waiting and isinstance(self._waiting[0], Job):
-            job = self._waiting[0]
+        while self._waiting and isinstance(self._waiting[0], (Job, Seq)):
+            item = self._waiting[0]
+            job = item.job if isinstance(item, Seq) else item
             if running + len(jobs) >= self.max_running_requests:
                 break
             if self.lora is not None and not self.lora.fits(adapters | {job.lora_id}):
-                skipped.append(job)
+                skipped.append(item)
                 self._waiting.popleft()
                 continue
-            longest_if_added = max(longest, len(job.input_ids))
+            longest_if_added = max(longest, len(item.fill_ids if isinstance(item, Seq) else job.input_ids))
             # Prefill cost is rows x longest prompt (left padding); one long prompt always fits.
             if jobs and longest_if_added * (len(jobs) + 1) > self.max_prefill_tokens:
                 break
-            jobs.append(job)
+            jobs.append(item)
             adapters.add(job.lora_id)
             longest = longest_if_added
             self._waiting.popleft()
@@ -376,18 +450,20 @@ class Runner:
 
     # ---- prefill -------------------------------------------------------------------------------
 
-    def _prefill_and_merge(self, jobs: list[Job]) -> None:
+    def _prefill_and_merge(self, jobs: list[Job | Seq]) -> None:
+        """Prefill new jobs, and retracted sequences over prompt + output so far, as one batch."""
         started = time.monotonic()
-        seqs = [Seq(job, _seeded_generator(job.params.sampling_seed), stop_tail_tokens=stop_tail(self.tokenizer, job)) for job in jobs]
+        seqs = [item if isinstance(item, Seq) else Seq(item, _seeded_generator(item.params.sampling_seed),
+                                                        stop_tail_tokens=stop_tail(self.tokenizer, item))
+                for item in jobs]  # fmt: skip
         try:
-            batch = self._prefill(seqs)
+            batch, num_cached = self._prefill(seqs)
         except Exception as e:
             logger.exception("Prefill failed")
             for seq in seqs:
                 deliver(seq.job.sink, error_output(seq, f"Prefill failed: {e!r}"))
             return
-        num_cached = sum(seq.cached_tokens for seq in seqs)
-        num_tokens = sum(len(job.input_ids) for job in jobs) - num_cached
+        num_tokens = sum(len(seq.fill_ids) for seq in seqs) - num_cached
         self._batch = batch if self._batch is None else merge_batches(self._batch, batch)
         self._drop_finished()
         self.last_progress = time.monotonic()
@@ -397,16 +473,21 @@ class Runner:
             f"time: {time.monotonic() - started:.3f}s"
         )
 
-    def _prefill(self, seqs: list[Seq]) -> Batch:
-        """Prefill `seqs` as one batch: cached prefixes (right-aligned) then the new tokens.
+    def _prefill(self, seqs: list[Seq]) -> tuple[Batch, int]:
+        """Prefill `seqs` as one batch: cached prefixes (right-aligned) then the new tokens; returns
+        the batch and the number of tokens taken from the prefix cache.
 
         Row r's columns are [padding][cached prefix m_r][padding][new tokens s_r], the prefix part
-        P = max m_r wide and the new part S = max s_r wide; the mask hides the padding.
+        P = max m_r wide and the new part S = max s_r wide; the mask hides the padding. A retracted
+        sequence runs over its prompt and output so far; its prompt logprobs and cached_tokens
+        stay those of its first prefill, as in SGLang.
         """
-        hits = [self._match_prefix(seq.job) for seq in seqs]
+        hits = [self._match_prefix(seq) for seq in seqs]
+        fills = [seq.fill_ids for seq in seqs]
         for seq, (cached, _) in zip(seqs, hits):
-            seq.cached_tokens = cached
-        lengths = [len(s.job.input_ids) for s in seqs]
+            if not seq.output_ids:
+                seq.cached_tokens = cached
+        lengths = [len(ids) for ids in fills]
         cached_lens = [cached for cached, _ in hits]
         new_lens = [n - m for n, m in zip(lengths, cached_lens)]
         width, prefix_width = max(new_lens), max(cached_lens)
@@ -414,9 +495,9 @@ class Runner:
         input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         new_mask = torch.zeros((len(seqs), width), dtype=torch.long)
         prefix_mask = torch.zeros((len(seqs), prefix_width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
+        for row, ids in enumerate(fills):
             m, s = cached_lens[row], new_lens[row]
-            input_ids[row, width - s :] = torch.tensor(seq.job.input_ids[m:], dtype=torch.long)
+            input_ids[row, width - s :] = torch.tensor(ids[m:], dtype=torch.long)
             new_mask[row, width - s :] = 1
             prefix_mask[row, prefix_width - m :] = 1
         positions = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cached_lens)[:, None]
@@ -427,7 +508,7 @@ class Runner:
 
         # Prompt logprobs only where asked, position by position (never the full [B, T, V]).
         for row, seq in enumerate(seqs):
-            if seq.job.return_logprob:
+            if seq.job.return_logprob and not seq.output_ids:
                 fill_input_logprobs(seq, hidden[row, width - new_lens[row] :], self._logits, offset=cached_lens[row])
         self._cache_prompts(seqs, cache, cached_lens, new_lens)
 
@@ -438,7 +519,7 @@ class Runner:
             mask=mask,
             next_pos=torch.tensor(lengths, dtype=torch.long),
             last_tokens=torch.zeros(len(seqs), dtype=torch.long),
-            counts=torch.zeros((len(seqs), logits.shape[-1]), dtype=torch.float32),
+            counts=_output_counts(seqs, logits.shape[-1]),
         )
         # max_new_tokens == 0 is prefill only: nothing is sampled (SGLang reports length 0).
         for seq in seqs:
@@ -446,18 +527,21 @@ class Runner:
                 seq.finish_reason = {"type": "length", "length": 0}
                 self._emit(seq)
         self._sample_and_append(batch, logits)
-        return batch
+        return batch, sum(cached_lens)
 
-    def _match_prefix(self, job: Job) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """The cached prefix this job may reuse: at least its last prompt token is computed (its
-        logits pick the first output token), and none of the positions whose prompt logprobs it
-        asked for (their hidden states are needed), as SGLang limits its prefix match."""
+    def _match_prefix(self, seq: Seq) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The cached prefix this sequence may reuse: at least its last token is computed (its
+        logits pick the next output token), and none of the positions whose prompt logprobs it
+        asked for (their hidden states are needed), as SGLang limits its prefix match. A retracted
+        sequence may reuse a cached prompt computed under earlier weights when the update that came
+        between kept the cache (flush_cache=false), as in SGLang."""
         if not self.prefix_cache.enabled:
             return 0, None
-        limit = len(job.input_ids) - 1
-        if job.return_logprob:
+        job, ids = seq.job, seq.fill_ids
+        limit = len(ids) - 1
+        if job.return_logprob and not seq.output_ids:
             limit = min(limit, job.logprob_start_len)
-        return self.prefix_cache.match(job.input_ids, limit, job.lora_id)
+        return self.prefix_cache.match(ids, limit, job.lora_id)
 
     def _cache_prompts(self, seqs: list[Seq], cache: DynamicCache, cached_lens: list[int], new_lens: list[int]) -> None:
         """Insert each prompt's keys and values (cached prefix + new part) into the prefix cache."""
@@ -468,8 +552,8 @@ class Runner:
         prefix_width = total - max(new_lens, default=0)
         for row, seq in enumerate(seqs):
             ids = seq.job.input_ids
-            if self.prefix_cache.contains(ids, seq.job.lora_id):
-                continue
+            if seq.output_ids or self.prefix_cache.contains(ids, seq.job.lora_id):
+                continue  # a retracted sequence's row holds more than its prompt
             m, s = cached_lens[row], new_lens[row]
             parts = [slice(prefix_width - m, prefix_width), slice(total - s, total)]
             # torch.cat copies: the entry must not keep the batch's growing buffers alive.
@@ -547,7 +631,9 @@ class Runner:
                 seq.out_logprobs.append((picked[i], token))
                 if seq.job.top_logprobs_num > 0:
                     seq.out_top.append(top_k(logprobs[i : i + 1], seq.job.top_logprobs_num)[0])
-            seq.finish_reason = check_finished(seq, self.tokenizer, self.eos_token_ids)
+            # An abort wins over length and stops, for the token sampled in its last pass too (SGLang's
+            # Req.update_finish_state checks to_finish first).
+            seq.finish_reason = seq.to_finish or check_finished(seq, self.tokenizer, self.eos_token_ids)
             if seq.finish_reason is not None:
                 self._emit(seq)
             elif seq.job.stream and _stream_due(len(seq.output_ids), seq.job.params.stream_interval):
@@ -579,6 +665,15 @@ def _stream_due(n_out: int, interval: int) -> bool:
     OutputStreamer: every token at interval 1, else when n_out % interval == 1, so the first token
     always goes out at once)."""
     return interval <= 1 or n_out % interval == 1
+
+
+def _output_counts(seqs: list[Seq], vocab: int) -> torch.Tensor:
+    """[B, V] counts of each row's output tokens so far (for penalties): zeros for a new sequence."""
+    counts = torch.zeros((len(seqs), vocab), dtype=torch.float32)
+    for row, seq in enumerate(seqs):
+        if seq.output_ids:
+            counts[row].index_add_(0, torch.tensor(seq.output_ids), torch.ones(len(seq.output_ids)))
+    return counts
 
 
 def _seeded_generator(seed: int | None) -> torch.Generator | None:
