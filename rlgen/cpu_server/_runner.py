@@ -9,11 +9,12 @@ the row's LoRA adapter), LoRA adapters (`_lora`: loaded and unloaded here, at mo
 the weights are reloaded (from disk, or from tensors a request carries), released and resumed,
 the way SGLang's memory saver does, and SGLang's scheduler pause (`pause`: "in_place" stops
 stepping and keeps every sequence's state; "retract" also drops the running sequences' KV and puts
-them back at the front of the queue, to be prefilled again over prompt + output so far). It composes the parts that know less: `_model` (the
-forward pass, the LM head, the weights), `_tensors` (weights sent as tensors),
-`_batch` (the batch's tensors and their surgery), `_sampling` (penalties, token choice, logprobs)
-and `_outputs` (stops, text, snapshots). It knows nothing about HTTP or JSON: results leave as
-`SeqOutput` snapshots through each job's `sink` callback, called on the scheduler thread.
+them back at the front of the queue, to be prefilled again over prompt + output so far). It
+composes the parts that know less: `_model` (the forward pass, the LM head, the weights),
+`_tensors` (weights sent as tensors), `_batch` (the batch's tensors and their surgery),
+`_sampling` (penalties, token choice, logprobs) and `_outputs` (stops, text, snapshots). It knows
+nothing about HTTP or JSON: results leave as `SeqOutput` snapshots through each job's `sink`
+callback, called on the scheduler thread.
 
 Batching works like a small continuous-batching engine. Waiting jobs are prefilled together as
 one padded batch and merged into the running batch (both are padded on the left to a common
@@ -391,7 +392,8 @@ class Runner:
         kept: deque[Job | Seq | _Call] = deque()
         for item in self._waiting:
             if isinstance(item, Job) and hit(item):
-                deliver(item.sink, SeqOutput(item.rid, len(item.input_ids), [], "", dict(_ABORTED_WAITING), queue_abort=True))
+                aborted = SeqOutput(item.rid, len(item.input_ids), [], "", dict(_ABORTED_WAITING), queue_abort=True)
+                deliver(item.sink, aborted)
             elif isinstance(item, Seq) and hit(item.job):
                 item.finish_reason = dict(_ABORTED_WAITING)
                 deliver(item.job.sink, replace(snapshot(item, self.tokenizer), queue_abort=True))
