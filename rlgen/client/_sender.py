@@ -32,7 +32,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,13 +45,15 @@ __all__ = ["Sender", "abort_quietly", "gather_or_abort", "generate_body", "new_r
 
 # rids are this process's random prefix and a counter: unique on a server that several processes
 # (or machines) share, and cheap enough for every turn of every episode (uuid4 per rid cost more).
+# The counter has a fixed width: SGLang's `/abort_request` aborts every rid that *starts with* the
+# one given, so no rid may be a prefix of another ("...-1" would also abort "...-10").
 _RID_PREFIX = f"rlgen-{uuid.uuid4().hex[:16]}-"
 _rid_numbers = itertools.count()
 
 
 def new_rid() -> str:
     """A request id for one sample: rlgen's own, so that it can abort exactly what it sent."""
-    return f"{_RID_PREFIX}{next(_rid_numbers)}"
+    return f"{_RID_PREFIX}{next(_rid_numbers):012d}"
 
 
 def generate_body(input_ids: list[int] | list[list[int]], sampling: Any, rid: str | list[str], *,
@@ -113,9 +115,10 @@ def _merged(earlier: dict[str, Any] | None, chunk: dict[str, Any]) -> dict[str, 
 
 @dataclass
 class _Batch:
-    """Sequences waiting to leave together: (ids, sampling, rid, future) each."""
+    """Sequences waiting to leave together: (ids, sampling, rid, future, extra body fields) each."""
 
-    items: list[tuple[list[int], Mapping[str, Any], str, asyncio.Future[dict[str, Any]]]] = field(default_factory=list)
+    items: list[tuple[list[int], Mapping[str, Any], str, asyncio.Future[dict[str, Any]], Mapping[str, Any] | None]] = (
+        field(default_factory=list))
     last_joined: float = 0.0  # the loop's time when the last sequence joined
     launched: bool = False
 
@@ -124,15 +127,23 @@ class Sender:
     """Sends `/generate` requests for one call and keeps their rids in flight (`in_flight`, what an
     abort needs). `sample` batches single sequences (see the module docstring); `send` sends a
     request as it is. `members`: how many requesters `sample` serves, each calling `leave()` when
-    it sends no more (None: not known, so a batch lingers)."""
+    it sends no more (None: not known, so a batch lingers). `max_batch`: sequences per batch (default
+    `max_in_flight`). `logprobs`, `top_logprobs`: what `sample`'s requests ask for. `on_chunk(rid,
+    answer so far)`: called on the loop for every streamed chunk of a batched sequence (its tokens
+    so far: a background job's count of what arrived before a weight update)."""
 
     def __init__(self, client: Client, *, max_in_flight: int = 64, batch: bool = True, stream: bool = True,
-                 members: int | None = None, linger_s: float = 0.005, max_wait_s: float = 0.05) -> None:
+                 members: int | None = None, linger_s: float = 0.005, max_wait_s: float = 0.05,
+                 max_batch: int | None = None, logprobs: bool = True, top_logprobs: int = 0,
+                 on_chunk: Callable[[str, dict[str, Any]], object] | None = None) -> None:
         self.client = client
         self.batch = batch and not getattr(client, "one_prompt_per_request", False)
         self.stream = stream and self.batch
         self.members = members
-        self.linger_s, self.max_wait_s, self.max_batch = linger_s, max_wait_s, max_in_flight
+        self.linger_s, self.max_wait_s = linger_s, max_wait_s
+        self.max_batch = max_in_flight if max_batch is None else max_batch
+        self.logprobs, self.top_logprobs = logprobs, top_logprobs
+        self.on_chunk = on_chunk
         self.limiter = asyncio.Semaphore(max_in_flight)
         self.in_flight: dict[str, None] = {}  # rids sent and not yet answered (an ordered set)
         self.given_up: list[str] = []  # rids whose waiter was cancelled (`abort_given_up`)
@@ -172,24 +183,28 @@ class Sender:
         with self.tracked(rids):
             return await (client or self.client).generate(payload)
 
-    async def sample(self, ids: list[int], sampling: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
+    async def sample(self, ids: list[int], sampling: Mapping[str, Any], *, rid: str | None = None,
+                     extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], float]:
         """One sequence's answer (SGLang's dict) and its latency in seconds. `sampling` is sent as
         it is, not copied (sequences that share one object send it once): leave it unchanged.
+        `rid`: the request's id (default: a new one); `extra`: further body fields of this
+        sequence (e.g. its `lora_path`).
 
         Raises:
             RequestError: the server refused or failed the request, or answered something else than
                 one sample for it.
         """
         async with self.limiter:
-            rid = new_rid()
+            rid = rid or new_rid()
             self.in_flight[rid] = None
             started = time.perf_counter()
             cancelled = False
             try:
                 if self.batch:
-                    answer: Any = await self._join(ids, sampling, rid)
+                    answer: Any = await self._join(ids, sampling, rid, extra)
                 else:
-                    answer = await self.client.generate(generate_body(ids, sampling, rid))
+                    answer = await self.client.generate(generate_body(
+                        ids, sampling, rid, logprobs=self.logprobs, top_logprobs=self.top_logprobs, per_prompt=extra))
             except asyncio.CancelledError:
                 cancelled = True  # still running on the server: left for the caller's abort
                 self.given_up.append(rid)
@@ -205,14 +220,15 @@ class Sender:
         return answer, latency
 
     # -- batching ---------------------------------------------------------------------------------
-    async def _join(self, ids: list[int], sampling: Mapping[str, Any], rid: str) -> dict[str, Any]:
+    async def _join(self, ids: list[int], sampling: Mapping[str, Any], rid: str,
+                    extra: Mapping[str, Any] | None) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
             self._track(self._send_when_ready(batch))
-        batch.items.append((ids, sampling, rid, future))
+        batch.items.append((ids, sampling, rid, future, extra))
         batch.last_joined = loop.time()
         self._launch_if_complete(batch)
         return await future
@@ -262,13 +278,17 @@ class Sender:
             return
         self.batches.append(len(items))
         shared = items[0][1]
-        params: Any = shared if all(s is shared for _, s, _, _ in items) else [s for _, s, _, _ in items]
-        body = generate_body([ids for ids, _, _, _ in items], params, [rid for _, _, rid, _ in items])
-        waiting = {i: future for i, (_, _, _, future) in enumerate(items)}  # not yet handed an answer
+        params: Any = shared if all(item[1] is shared for item in items) else [item[1] for item in items]
+        names = sorted({name for item in items for name in item[4] or ()})
+        per_prompt = {name: [(item[4] or {}).get(name) for item in items] for name in names}
+        rids = [item[2] for item in items]
+        body = generate_body([item[0] for item in items], params, rids, logprobs=self.logprobs,
+                             top_logprobs=self.top_logprobs, per_prompt=per_prompt)
+        waiting = {i: item[3] for i, item in enumerate(items)}  # not yet handed an answer
         self._waiting += len(waiting)
         try:
             if self.stream:
-                await self._stream_answers(body, waiting)
+                await self._stream_answers(body, waiting, rids)
             else:
                 self._hand_out(await self.client.generate(body), waiting)
         except BaseException as err:
@@ -298,7 +318,8 @@ class Sender:
         for index, answer in enumerate(answers):
             self._answer(waiting, index, answer)
 
-    async def _stream_answers(self, body: dict[str, Any], waiting: dict[int, asyncio.Future[dict[str, Any]]]) -> None:
+    async def _stream_answers(self, body: dict[str, Any], waiting: dict[int, asyncio.Future[dict[str, Any]]],
+                              rids: Sequence[str]) -> None:
         """Stream the batch; each item's answer is handed out as its last chunk (the one with a
         finish reason) arrives. An item the stream ended without finishing fails with RequestError."""
         size = len(waiting)
@@ -308,6 +329,8 @@ class Sender:
             if not isinstance(index, int) or not 0 <= index < size:
                 raise RequestError(f"/generate streamed a chunk for item {index!r} of a batch of {size}")
             so_far[index] = answer = _merged(so_far.get(index), chunk)
+            if self.on_chunk is not None:
+                self.on_chunk(rids[index], answer)
             if index in waiting and finish_kind(answer) != "unknown":
                 self._answer(waiting, index, answer)
         if waiting:

@@ -1,7 +1,7 @@
 """The names of a result's columns: one schema, read by every layer that makes or checks a row.
 
 Owns: rlgen's own DataFrame columns (`COLUMNS`, in order), the columns the client adds where they
-apply (`CLIENT_COLUMNS`), those of a multi-turn episode's row (`EPISODE_COLUMNS`), those a rollout log adds (`LOG_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
+apply (`CLIENT_COLUMNS`; a background job's weight versions, `VERSION_COLUMNS` and `KV_STALENESS`), those of a multi-turn episode's row (`EPISODE_COLUMNS`), those a rollout log adds (`LOG_COLUMNS`), the columns scoring writes for every prompt group (`GROUP_COLUMNS`), how
 to tell the per-function reward columns rlgen wrote from a user's own columns that happen to start
 with `reward_` (`reward_output_columns`), the names a user's per-prompt data may not take
 (`RESERVED_DATA_NAMES`), and what an `adapter` cell says (`adapter_of`: a missing one is the base
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "LOG_COLUMNS", "RESERVED_DATA_NAMES", "adapter_of",
-           "reward_output_columns", "scored_reward_names"]
+__all__ = ["CLIENT_COLUMNS", "COLUMNS", "EPISODE_COLUMNS", "GROUP_COLUMNS", "KV_STALENESS", "LOG_COLUMNS",
+           "RESERVED_DATA_NAMES", "VERSION_COLUMNS", "adapter_of", "reward_output_columns", "scored_reward_names"]
 
 # Built-in DataFrame columns, in order. Extra columns (from the client, or added by users, e.g.
 # rewards) come after them.
@@ -26,7 +26,19 @@ COLUMNS = (
 # Columns the client adds where they apply (streaming timings; a chat prompt's messages; the LoRA
 # adapter of each row, on a server that serves adapters): rlgen's
 # own, like COLUMNS, but not every result has them. The rest of the extra columns are the user's.
-CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages", "adapter")
+# The weight versions of a background job's row (`Engine.submit`): the oldest and newest version
+# index that sampled one of its tokens, the engine's version when the result was built minus the
+# oldest (`staleness`), how many requests it took (`n_segments`: more than one when a weight
+# update's pause cut it and it was continued), what its tokens attended to (`kv_staleness`, one of
+# KV_STALENESS) and the server's `num_retractions` summed over its requests.
+VERSION_COLUMNS = ("version_min", "version_max", "staleness", "n_segments", "kv_staleness", "num_retractions")
+# `kv_staleness`, from best to worst: "fresh" (every token attended only to keys/values computed by
+# the weights that sampled it); "old_prefix" (a request was prefilled while the server's prefix
+# cache held prefixes an older version computed, after an update under pause 'retract' or
+# 'in_place' that could not flush it: it may have reused one); "old_kv" (under pause 'in_place',
+# tokens sampled after the update attended to keys/values the old weights computed).
+KV_STALENESS = ("fresh", "old_prefix", "old_kv")
+CLIENT_COLUMNS = ("ttft_s", "itl_s", "prompt_messages", "adapter", *VERSION_COLUMNS)
 # The columns of a multi-turn episode's row beyond COLUMNS (`rlgen.Episodes`): how it ended, its
 # size, its tools and environment, the conversation as messages (prompt_messages is the client's
 # column above, also for episodes), and what the drift inspector found (`Episodes.check_drift`).

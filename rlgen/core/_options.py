@@ -3,7 +3,9 @@
 Owns: the name, type, default, one-line doc and check of every option that `Engine.generate`,
 `Engine.agenerate` and `Engine.stream` take (SGLang's sampling parameters plus rlgen's own, such
 as `n` and `chunk_size`), of `Engine.episodes` (the same sampling parameters, plus its own such as
-`max_turns` and `env_timeout`), and of `Rollouts.add_rewards`' options; checking a call's options
+`max_turns` and `env_timeout`), of `Rollouts.add_rewards`' options, of a weight update's pause
+(`PauseOptions`: the pause modes, `PAUSE_MODES`) and of a background job's `result()`
+(`JobResultOptions`: `min_done`, `rest`); checking a call's options
 before anything runs (TypeError / ValueError that say what to change, "did you mean" for a
 misspelt name); the `sampling_params` dict SGLang's `/generate` takes; and the signatures and docs
 that `help()`, Jupyter and IDEs show. Knows nothing about prompts, HTTP, results or rewards: only
@@ -26,10 +28,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict, TypeVar, get_type_hints
 
 __all__ = [
+    "PAUSE_MODES",
     "EpisodeOptions",
     "GenerateOptions",
+    "JobResultOptions",
     "LoraOptions",
     "Option",
+    "PauseOptions",
     "RescoreOptions",
     "RewardOptions",
     "SamplingOptions",
@@ -384,6 +389,50 @@ class EpisodeOptions(SamplingOptions, total=False):
         True, "send the turns that are ready together as one batched /generate "
         "(docs/archive/benchmarks-rounds-2026-12.md, 'Multi-turn episodes (H200, 2026-12-02, issue 25)', run 7); "
         "False: one request per turn, each answered as soon as its sample finishes", _flag)]
+
+
+# SGLang 0.5.17's `/pause_generation` modes (`PauseGenerationReqInput.mode`), what each does to the
+# requests in flight, in the words of docs/generation.md ("Jobs that span a weight update").
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def _pause_mode(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    return str(_choice(*PAUSE_MODES)(name, value))
+
+
+class PauseOptions(TypedDict, total=False):
+    """How a weight update treats the generation running on the server (`update_weights`,
+    `update_weights_from_disk`, `load_adapter`): declared once, checked before anything is sent."""
+
+    pause: Annotated[str | None, Option(
+        None, "pause the server's generation around the update: 'abort' (running requests end and are "
+        "continued under the new weights: every token's version is exact, no stale KV), 'retract' (requests go "
+        "back to the queue and recompute their KV; the prefix cache keeps old-weight prefixes), 'in_place' "
+        "(requests keep their KV, computed by the old weights); None: 'abort' while a job (eng.submit) runs, "
+        "else no pause", _pause_mode)]
+
+
+def _share(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    return float(_number(0, 1, low_open=True, note=" (the share of the job's prompt groups that must be done)")(name, value))
+
+
+class JobResultOptions(TypedDict, total=False):
+    """`GenerationJob.result()`'s options: how much of the job to wait for, and what happens to the rest."""
+
+    timeout: Annotated[float | None, Option(
+        None, "seconds to wait at most (TimeoutError; the job goes on); None: no limit", check_seconds)]
+    min_done: Annotated[float | None, Option(
+        None, "return once this share of the job's prompt groups (all n samples of a prompt) is done, in (0, 1] "
+        "(slime's rollout_batch_size out of over_sampling_batch_size; APRIL's target); None: wait for all", _share)]
+    rest: Annotated[str, Option(
+        "keep", "with min_done, the groups not done yet: 'keep' (they run on in the job: a later result() "
+        "returns them) or 'recycle' (aborted now, their tokens kept, and handed back in job.partial for "
+        "eng.submit(job.partial) to continue: APRIL's recycling, slime's --partial-rollout)",
+        _choice("keep", "recycle"))]
 
 
 # SGLang option names rlgen passes through unchanged via `sampling_params=` (the server validates

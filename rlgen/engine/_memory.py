@@ -39,10 +39,15 @@ class ServerControl:
         """POST a control request to the server; behind a router, to every worker it lists, at once,
         raising one WorkerRequestError that names each worker that failed after all were tried.
         Returns the server's answer (behind a router: one worker's)."""
+        return _loop.run_sync(self.apost(path, body, what=what, retries=retries, backoff_s=backoff_s))
+
+    async def apost(self, path: str, body: dict[str, Any], *, what: str, retries: int = 0,
+                    backoff_s: float = 1.0) -> Any:
+        """`post` as a coroutine on rlgen's loop (for a request that must not be cancelled by Ctrl-C)."""
         if isinstance(self._client, _router.RouterClient):
-            answers = _loop.run_sync(self._client.fan_out(path, body, what=what, retries=retries, backoff_s=backoff_s))
+            answers = await self._client.fan_out(path, body, what=what, retries=retries, backoff_s=backoff_s)
             return next(iter(answers.values()), None)
-        return _loop.run_sync(self._client.post(path, body))
+        return await self._client.post(path, body)
 
     def flush_cache(self) -> None:
         self.post("/flush_cache", {}, what="flush_cache()")

@@ -3,8 +3,10 @@
 Owns: the one account of the served weights: loaded from disk (where from, their content hash
 `WeightsHash`, read in a background thread), pushed from tensors (on no disk: no path, no hash),
 restored from disk after a push (under the version the disk weights had), the weight version, the
-count of this Engine's updates (for default version names), what a result's provenance says about
-them, and the digest the completion cache keys on. Knows nothing about HTTP, requests or how
+count of this Engine's updates (for default version names), the version index (0 for the weights
+the Engine started with, +1 per change of the served weights, each index with the server's
+`weight_version` string then: `advance`, `index_of`), what a result's provenance says about them,
+and the digest the completion cache keys on. Knows nothing about HTTP, requests or how
 weights reach the server: `engine._weights` makes the requests and tells this object what happened.
 """
 
@@ -26,10 +28,45 @@ class ServedWeights:
         self._model_path = model_path
         self._disk_path: str | None = None        # where the weights were last loaded from (None: model_path)
         self._hash = WeightsHash(model_path if hashable else None)
+        self._start_version: str | None = None    # the server's weight version when the Engine connected
         self.version: str | None = None           # the server's weight version, as last read or set
         self._pushed: str | None = None           # the version pushed from tensors, while the server serves it
         self._disk_version: str | None = None     # the version the disk weights had before that push
         self.updates = 0                          # this Engine's loads and pushes, for default version names
+        self._labels: list[str | None] | None = None  # the server's weight_version of each version index
+
+    # -- the version index ------------------------------------------------------------------------
+    @property
+    def index(self) -> int:
+        """The version index of the served weights: 0 for those the Engine started with, +1 per change."""
+        return 0 if self._labels is None else len(self._labels) - 1
+
+    @property
+    def labels(self) -> list[str | None]:
+        """The server's `weight_version` string of each version index (a copy)."""
+        return list(self._labels) if self._labels is not None else [self.version]
+
+    def advance(self) -> int:
+        """The served weights changed (a push, a load, a reload, an adapter replaced, or part of a
+        push that failed midway): one more version index, labelled with `version` as it is now."""
+        if self._labels is None:
+            self._labels = [self._start_version]
+        self._labels.append(self.version)
+        return self.index
+
+    def index_of(self, version: str | None, *, at_least: int = 0) -> int | None:
+        """The version index the server's `weight_version` string `version` names, for a request
+        sent at index `at_least` (it ran on those weights or newer ones): the first index from there
+        with that string; None where no such index has it (another client changed the weights)."""
+        if version is None:
+            return None
+        labels = self.labels
+        return next((i for i in range(max(0, at_least), len(labels)) if labels[i] == version), None)
+
+    def connected(self, version: str | None) -> None:
+        """The Engine connected to a server that serves weight version `version` (index 0)."""
+        self._start_version = self.version = version
+        self._labels = None
 
     @property
     def disk_path(self) -> str:

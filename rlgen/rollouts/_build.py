@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,10 @@ def rollouts_from_responses(
     sampling: dict[str, Any] | None = None,
     decode: Callable[[list[int]], list[str]] | None = None,
     record: dict[str, Any] | None = None,
+    row_versions: Sequence[int] | None = None,
+    token_versions: Sequence[Sequence[int]] | None = None,
+    prompt_numbers: Sequence[int] | None = None,
+    run: str | None = None,
 ) -> Rollouts:
     """Build from SGLang `/generate` entries, `n` per prompt, prompt-major (`record`: see `Rollouts.record`).
 
@@ -50,6 +55,11 @@ def rollouts_from_responses(
         extra: per-row columns to add (e.g. "ttft_s"), each of length len(responses).
         model, sampling: recorded on the result (and in parquet).
         decode: optional display helper, ids -> per-token strings.
+        row_versions, token_versions: the weight version index of each row (all its tokens), or
+            of each token (a list per row, as long as its ids): the result's `versions`.
+        prompt_numbers: each prompt's `prompt_index` (default 0..): a part of a larger call (a
+            background job's finished groups); `row_id` is then prompt_index x n + sample_index.
+        run: the `run` id (default: a new one), so that the parts of one job share it.
 
     Raises:
         ValueError / TypeError: inconsistent counts or malformed input.
@@ -71,8 +81,14 @@ def rollouts_from_responses(
             stacklevel=3,
         )
 
-    run = new_run_id()
+    run = run or new_run_id()
     data = _columns(parsed, rows, n=n, prompt_texts=prompt_texts, run=run)
+    if prompt_numbers is not None:
+        if len(prompt_numbers) != len(prompt_ids):
+            raise ValueError(f"prompt_numbers has {len(prompt_numbers)} entries for {len(prompt_ids)} prompts")
+        numbers = np.asarray(prompt_numbers, np.int64)[rows // n]
+        data["prompt_index"], data["row_id"] = numbers, numbers * n + rows % n
+    versions = _versions(parsed.response_offsets, row_versions, token_versions)
     data.update({k: list(v) for k, v in extra.items()})
     return Rollouts(
         df=pd.DataFrame(data),
@@ -87,11 +103,27 @@ def rollouts_from_responses(
         top_ids=parsed.top_ids,
         token_texts=parsed.token_texts,
         prompt_logprobs=parsed.prompt_logprobs,
+        versions=versions,
         model=model,
         run_sampling={run: sampling},
         decode=decode,
         run_records={run: record},
     )
+
+
+def _versions(offsets: np.ndarray, row_versions: Sequence[int] | None,
+              token_versions: Sequence[Sequence[int]] | None) -> np.ndarray | None:
+    """The flat per-token version indices (int32), from one per row or one list per row."""
+    lengths = np.diff(offsets)
+    if token_versions is not None:
+        if len(token_versions) != len(lengths) or any(len(v) != k for v, k in zip(token_versions, lengths)):
+            raise ValueError("token_versions must hold one version per response token of every row")
+        return np.fromiter(chain.from_iterable(token_versions), np.int32, int(offsets[-1]))
+    if row_versions is not None:
+        if len(row_versions) != len(lengths):
+            raise ValueError(f"row_versions has {len(row_versions)} entries for {len(lengths)} rows")
+        return np.repeat(np.asarray(row_versions, np.int32), lengths)
+    return None
 
 
 def _checked_extra(n_rows: int, *, prompt_ids: Sequence[Sequence[int]], prompt_texts: Sequence[str | None] | None,

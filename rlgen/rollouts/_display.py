@@ -32,14 +32,17 @@ from ._token_html import (
     prompt_tail_html,
     shape_text,
     token_pieces,
+    version_legend_html,
 )
 
 if TYPE_CHECKING:
     from ._protocol import RolloutsView
 
 __all__ = [
+    "COLORS",
     "RETOKENIZED_NOTE",
     "VIEW_STYLE",
+    "HTMLView",
     "adapter_html",
     "adapter_name",
     "alternative_texts",
@@ -59,6 +62,23 @@ __all__ = [
 RETOKENIZED_NOTE = ("re-tokenized from text: these rows come from a training framework's text-only log, so their "
                     "token ids were made from the text by a tokenizer, not sampled by the model; they have no "
                     "logprobs, and token boundaries may differ from what the model saw")
+
+
+# What the tokens of the HTML view can be coloured by (`Rollouts.view(color=...)`).
+COLORS = ("logprob", "version")
+
+
+class HTMLView:
+    """An HTML view a notebook shows (`_repr_html_`); `html` is the markup itself."""
+
+    def __init__(self, markup: str, text: str) -> None:
+        self.html, self._text = markup, text
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return self._text
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,7 +429,7 @@ VIEW_STYLE = (
 
 
 def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200, max_chars: int = 200,
-                  lead: str = "") -> str:
+                  lead: str = "", color: str = "logprob") -> str:
     """An HTML view of `r`: one header line, then the first `max_rows` rows, a row per sample.
 
     The header line: the one-line repr, the colour legend, and folded notes (masking, record).
@@ -425,7 +445,9 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
     Episodes (a `status` and a `turns` column) get a row per episode: its status, turns and tool
     calls, and its trajectory drawn as turns (`_episode_html.turns_html`).
     All text is escaped; `lead` (already HTML) opens the header line. Every layout rule is an
-    inline style, so the view keeps its layout in an untrusted notebook.
+    inline style, so the view keeps its layout in an untrusted notebook. `color="version"` colours
+    each token by the weight version index that sampled it instead (its logprob stays on hover),
+    with a legend of the versions shown.
     """
     df = r.df
     shown = df.head(max_rows)
@@ -448,14 +470,16 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
         if data:
             cells.append(f"{td}>{_data_cell(row, data)}</td>")
         drawn = (turns_html(r, pos, max_tokens=max_tokens) if episodes
-                 else completion_html(r, pos, max_tokens=max_tokens, prompt_tail=False))
+                 else completion_html(r, pos, max_tokens=max_tokens, prompt_tail=False, color=color))
         cells.append(f"{td}>{drawn}</td>")
         rows_html.append("<tr>" + "".join(cells) + "</tr>")
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
     header = "".join(f'<th style="{CELL_STYLE}">{html.escape(h)}</th>' for h in columns)
     parts = [lead] if lead else []
     parts.extend(episodes_line(r) if episodes else [html.escape(short_repr(r)[1:-1])])
-    if r.has_logprobs:
+    if color == "version":
+        parts.append(version_legend_html(_shown_versions(r, len(shown))))
+    elif r.has_logprobs:
         parts.append(legend_html())
     notes = []
     if len(shown):
@@ -488,6 +512,16 @@ def rollouts_html(r: RolloutsView, *, max_rows: int = 20, max_tokens: int = 200,
         f'<table style="{TABLE_STYLE}"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
         f"<tbody>{''.join(rows_html)}</tbody></table>{foot_html}</div>"
     )
+
+
+def _shown_versions(r: RolloutsView, rows: int) -> list[int]:
+    """The weight version indices of the first `rows` rows' tokens."""
+    found: set[int] = set()
+    for i in range(rows):
+        versions = r.tokens(i).get("versions")
+        if versions is not None:
+            found.update(int(v) for v in set(versions.tolist()))
+    return sorted(found)
 
 
 _ENGINE_FIELDS = ("model", "backend", "url", "log_path", "context_length")

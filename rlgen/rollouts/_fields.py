@@ -1,8 +1,8 @@
 """The optional per-token fields of a result: which exist, which side they align with, how they fill.
 
 Owns: `FIELDS`, one `Field` per optional flat array a `Rollouts` may carry beside its token ids
-(logprobs, top-k, token texts, prompt logprobs, and the multi-turn fields `loss_mask` and
-`turn_ids`), with the side it lines up with (prompt or response tokens), what a row that lacks it
+(logprobs, top-k, token texts, prompt logprobs, the multi-turn fields `loss_mask` and
+`turn_ids`, and `versions`, the weight version index that sampled each token), with the side it lines up with (prompt or response tokens), what a row that lacks it
 gets when results are concatenated, and what padding it gets in a tensor. Knows nothing about
 `Rollouts` itself, files or torch: selection, `concat`, parquet and the tensors loop over this table,
 so a new field is one entry here.
@@ -33,7 +33,8 @@ class Field:
 
 
 # A row without logprobs gets NaN ("not returned"); a row without a loss mask is a single-turn
-# sample, every response token of which the model sampled (1); without turn ids, turn 0.
+# sample, every response token of which the model sampled (1); without turn ids, turn 0; without
+# versions (a result made before them, or by hand), -1 ("not known"), as on padding.
 FIELDS: dict[str, Field] = {
     "logprobs": Field("response", lambda t, k, pad: np.full(t, np.nan, np.float32), lambda pad: 0.0),
     "top_logprobs": Field("response", lambda t, k, pad: np.full((t, k), np.nan, np.float32), lambda pad: 0.0),
@@ -42,4 +43,5 @@ FIELDS: dict[str, Field] = {
     "prompt_logprobs": Field("prompt", lambda t, k, pad: np.full(t, np.nan, np.float32), lambda pad: 0.0),
     "loss_mask": Field("response", lambda t, k, pad: np.ones(t, np.bool_), lambda pad: False),
     "turn_ids": Field("response", lambda t, k, pad: np.zeros(t, np.int32), lambda pad: 0),
+    "versions": Field("response", lambda t, k, pad: np.full(t, -1, np.int32), lambda pad: -1),
 }  # fmt: skip

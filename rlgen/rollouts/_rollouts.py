@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ._browser import RolloutBrowser
+    from ._display import HTMLView
     from ._plots import RolloutPlots
 
 __all__ = ["Rollouts"]
@@ -75,6 +76,9 @@ class Rollouts(TensorProperties, RewardMethods):
                                                      not sample (an episode's environment turns);
                                                      = response_mask for single-turn samples
     turn_ids (optional)       [N, R]        int64    0; an episode's assistant turn per token
+    versions (optional)       [N, R]        int64    -1; the weight version index that sampled
+                                                     each token (`Engine.submit`; generate(): the
+                                                     version its answer names); -1 = not known
     ========================  ============  =======  ==============================================
 
     `logprobs[i, j]` belongs to `response_ids[i, j]`; in `input_ids` that token is at column
@@ -128,6 +132,7 @@ class Rollouts(TensorProperties, RewardMethods):
         prompt_logprobs: np.ndarray | None = None,
         loss_mask: np.ndarray | None = None,
         turn_ids: np.ndarray | None = None,
+        versions: np.ndarray | None = None,
         model: str = "",
         sampling: dict[str, Any] | None = None,
         run_sampling: Mapping[str, dict[str, Any] | None] | None = None,
@@ -164,6 +169,7 @@ class Rollouts(TensorProperties, RewardMethods):
         self._f: dict[str, np.ndarray | None] = {
             "logprobs": logprobs, "top_logprobs": top_logprobs, "top_ids": top_ids, "token_texts": token_texts,
             "prompt_logprobs": prompt_logprobs, "loss_mask": loss_mask, "turn_ids": turn_ids,
+            "versions": versions,
         }  # fmt: skip
         self.meta_info: list[dict[str, Any]] = meta_info
         self.pad_token_id = int(pad_token_id)
@@ -375,8 +381,9 @@ class Rollouts(TensorProperties, RewardMethods):
                 continue
             lengths, left = (p_len, True) if spec.side == "prompt" else (r_len, False)
             out[name] = pad_rows(values, lengths, spec.tensor_pad(pad), left=left)
-        if "turn_ids" in out:
-            out["turn_ids"] = out["turn_ids"].astype(np.int64)
+        for name in ("turn_ids", "versions"):
+            if name in out:
+                out[name] = out[name].astype(np.int64)
         if "loss_mask" not in out:
             out["loss_mask"] = response_mask
         return out
@@ -467,8 +474,9 @@ class Rollouts(TensorProperties, RewardMethods):
     def tokens(self, i: int) -> dict[str, Any]:
         """Row i's response tokens: ids, logprobs, token texts, top-k (None where absent).
 
-        `loss_mask` and `turn_ids` are an episode's (None for single-turn results). Reads the
-        flat CPU data, never the (possibly on-GPU) tensors.
+        `loss_mask` and `turn_ids` are an episode's (None for single-turn results); `versions` the
+        weight version index of each token (None where the result has none). Reads the flat CPU
+        data, never the (possibly on-GPU) tensors.
         """
         i = int(self._index(i)[0])
         a, b = int(self._r_off[i]), int(self._r_off[i + 1])
@@ -486,6 +494,7 @@ class Rollouts(TensorProperties, RewardMethods):
             "top_ids": sl("top_ids"),
             "loss_mask": sl("loss_mask"),
             "turn_ids": sl("turn_ids"),
+            "versions": sl("versions"),
         }
 
     # -- parquet ---------------------------------------------------------------------------------
@@ -553,6 +562,27 @@ class Rollouts(TensorProperties, RewardMethods):
         )
 
     # -- display ---------------------------------------------------------------------------------
+    def view(self, *, color: str = "logprob", max_rows: int = 20, max_tokens: int = 200,
+             max_chars: int = 200) -> HTMLView:
+        """The notebook view (what `res` shows), with choices: `color` "logprob" (each token by
+        p = exp(logprob), the default view) or "version" (each token by the weight version index
+        that sampled it: a background job's rows that span a weight update show where it fell);
+        the first `max_rows` rows, `max_tokens` tokens per row, `max_chars` of each prompt.
+
+        Raises:
+            ValueError: an unknown colour, or "version" for a result without versions (episodes,
+                hand-built, older files).
+        """
+        from ._display import COLORS, HTMLView, rollouts_html, short_repr
+
+        if color not in COLORS:
+            raise ValueError(f"color must be one of {', '.join(map(repr, COLORS))}, got {color!r}")
+        if color == "version" and self._f["versions"] is None:
+            raise ValueError("this result has no weight versions (res.versions is None): color='version' needs a "
+                             "result of Engine.generate or Engine.submit")
+        return HTMLView(rollouts_html(self, max_rows=max_rows, max_tokens=max_tokens, max_chars=max_chars,
+                                      color=color), short_repr(self))
+
     def browse(self, *, reward: str = "reward", widgets: bool | None = None) -> RolloutBrowser:
         """A browser over these rows for a notebook: filter by finish reason, `reward` range and
         text, step through prompt groups, read the selected sample's token heatmap and its least

@@ -90,3 +90,13 @@ class TensorProperties:
         """[N, R] int64: per response token, the episode's assistant turn it belongs to or follows
         (0 for the first turn, 0 on padding); None for single-turn results."""
         return self._tensor("turn_ids")
+
+    @property
+    def versions(self) -> torch.Tensor | None:
+        """[N, R] int64: per response token, the weight version index that sampled it (the
+        Engine's count of weight updates: 0 for the weights it started with, +1 per update), -1
+        on padding and where not known; aligned with `logprobs` and `response_ids`. Every
+        `generate()` result has it (each row's tokens: the version its answer names) and every
+        background job's (`Engine.submit`: per token, across weight updates); None for results
+        made without (episodes, hand-built, older files)."""
+        return self._tensor("versions")

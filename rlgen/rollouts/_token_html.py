@@ -1,6 +1,7 @@
-"""Token-level HTML: a response drawn token by token, coloured by logprob, and the inline layout rules.
+"""Token-level HTML: a response drawn token by token, coloured by logprob or by weight version, and the inline layout rules.
 
-Owns: the logprob colour scale and its legend, a token's text as HTML (visible whitespace, special
+Owns: the logprob colour scale and its legend, the weight versions' colours and their legend
+(`color="version"`: each token by the version index that sampled it), a token's text as HTML (visible whitespace, special
 tokens as tags), per-token text (the server's, else decoded), top-k alternatives' texts, the
 prompt's last tokens before the response boundary, one row's tokens ready to draw (`RowTokens`,
 `token_span`), a single-turn response as a heatmap (`completion_html`), and the inline styles every
@@ -44,6 +45,8 @@ __all__ = [
     "token_body",
     "token_pieces",
     "token_span",
+    "version_color",
+    "version_legend_html",
 ]
 
 # Layout that must survive an untrusted notebook. JupyterLab strips <style> from an untrusted
@@ -86,6 +89,27 @@ def legend_html() -> str:
         for p, label in _LEGEND_P
     )
     return f'<span class="rlgen-legend" style="white-space:nowrap">p = {swatches}</span>'
+
+
+# Weight versions get light, well separated hues (cycled past eight versions); the newest version
+# a result holds is not special: the colour names the index, the title says it.
+_VERSION_HUES = (0.58, 0.08, 0.33, 0.83, 0.14, 0.47, 0.0, 0.7)
+
+
+def version_color(version: int) -> str:
+    """Background colour for a token sampled by weight version index `version`; grey where not known (-1)."""
+    if version is None or int(version) < 0:
+        return "#dddddd"
+    r, g, b = colorsys.hls_to_rgb(_VERSION_HUES[int(version) % len(_VERSION_HUES)], 0.8, 0.7)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
+def version_legend_html(versions: Any) -> str:
+    """The colour of each weight version present, as swatches ("version 0 1 2")."""
+    present = sorted({int(v) for v in versions if int(v) >= 0})
+    swatches = "".join(f'<span style="background:{version_color(v)};color:#111;padding:0 5px">{v}</span>'
+                       for v in present)
+    return f'<span class="rlgen-legend" style="white-space:nowrap">version {swatches or "n/a"}</span>'
 
 
 def clip_text(value: Any, limit: int, *, tail: bool = False) -> str:
@@ -185,7 +209,8 @@ def prompt_tail_html(r: RolloutsView, i: int) -> str:
 class RowTokens:
     """One row's response tokens cut at `max_tokens`, ready to draw: ids, text pieces (None: show
     ids), logprobs, top-k ids and logprobs with the alternatives' texts, an episode's `loss_mask`
-    and `turn_ids` (None for single-turn rows), and how many tokens the row has in all."""
+    and `turn_ids` (None for single-turn rows), each token's weight version index (None where
+    the result has none), and how many tokens the row has in all."""
 
     ids: list[int]
     pieces: list[str] | None
@@ -197,6 +222,7 @@ class RowTokens:
     turn_ids: Any
     total: int
     pad_id: int
+    versions: Any = None
 
     def piece(self, j: int) -> str | None:
         return None if self.pieces is None else self.pieces[j]
@@ -214,7 +240,8 @@ def row_tokens(r: RolloutsView, i: int, *, max_tokens: int) -> RowTokens:
 
     return RowTokens(ids=ids, pieces=token_pieces(r, ids, texts), logprobs=tok["logprobs"], top_ids=top_ids,
                      top_logprobs=cut("top_logprobs"), alt_texts=alternative_texts(r, top_ids) if top_ids is not None else {},
-                     loss_mask=cut("loss_mask"), turn_ids=cut("turn_ids"), total=len(tok["ids"]), pad_id=r.pad_token_id)
+                     loss_mask=cut("loss_mask"), turn_ids=cut("turn_ids"), total=len(tok["ids"]), pad_id=r.pad_token_id,
+                     versions=cut("versions"))
 
 
 def token_body(t: RowTokens, j: int) -> str:
@@ -226,10 +253,12 @@ def token_body(t: RowTokens, j: int) -> str:
     return piece_html(piece, tid, pad_id)
 
 
-def token_span(t: RowTokens, j: int, *, pad_note: str | None = None, extra_style: str = "", note: str = "") -> str:
-    """Token j as a span coloured by its logprob, with id, text, logprob and the top-k
-    alternatives on hover. `pad_note` replaces what the title says of a pad id (default: the
-    response_mask advice); `extra_style` is added to the style, `note` to the title's first line."""
+def token_span(t: RowTokens, j: int, *, pad_note: str | None = None, extra_style: str = "", note: str = "",
+               color: str = "logprob") -> str:
+    """Token j as a span coloured by its logprob (`color="version"`: by the weight version that
+    sampled it), with id, text, logprob, version and the top-k alternatives on hover. `pad_note`
+    replaces what the title says of a pad id (default: the response_mask advice); `extra_style` is
+    added to the style, `note` to the title's first line."""
     tid, pad_id = t.ids[j], t.pad_id
     piece = t.piece(j)
     title = f"response token {j}: id {tid}" if piece is None else f"response token {j}: id {tid} {piece!r}"
@@ -242,6 +271,11 @@ def token_span(t: RowTokens, j: int, *, pad_note: str | None = None, extra_style
         lp = float(t.logprobs[j])
         title += f" | logprob {lp:.4f} (p={math.exp(lp):.3g})" if not math.isnan(lp) else " | logprob n/a"
         style = f"background:{logprob_color(lp)}"
+    if t.versions is not None:
+        version = int(t.versions[j])
+        title += f" | version {version}" if version >= 0 else " | version n/a"
+        if color == "version":
+            style = f"background:{version_color(version)}"
     if t.top_logprobs is not None and t.top_ids is not None:
         alts = [
             f"{t.alt_texts[int(a)]!r} p={math.exp(float(b)):.3g}" if int(a) in t.alt_texts else f"id {int(a)} p={math.exp(float(b)):.3g}"
@@ -255,14 +289,15 @@ def token_span(t: RowTokens, j: int, *, pad_note: str | None = None, extra_style
     return f'<span{style_attr} title="{html.escape(title)}">{token_body(t, j)}</span>'
 
 
-def completion_html(r: RolloutsView, i: int, *, max_tokens: int, prompt_tail: bool = True) -> str:
+def completion_html(r: RolloutsView, i: int, *, max_tokens: int, prompt_tail: bool = True,
+                    color: str = "logprob") -> str:
     """Row i's response as a token heatmap after the prompt's last tokens (see `_display.rollouts_html`).
 
     `prompt_tail=False` starts at the boundary mark alone: the table shows the tail once per
-    prompt group, in the prompt's cell."""
+    prompt group, in the prompt's cell. `color`: "logprob" or "version" (see `token_span`)."""
     t = row_tokens(r, i, max_tokens=max_tokens)
     spans = [prompt_tail_html(r, i) if prompt_tail else BOUNDARY]
-    spans += [token_span(t, j) for j in range(len(t.ids))]
+    spans += [token_span(t, j, color=color) for j in range(len(t.ids))]
     more = t.total - len(t.ids)
     if more > 0:
         spans.append(f'<span style="color:#888"> … +{more} tokens</span>')
