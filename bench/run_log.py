@@ -48,7 +48,7 @@ order, and one fresh interpreter's import + open + trend + plot.
 Scale (`--phases scale`, issue 45; `--scale-repeats` fresh interpreters each, default 5; with `--s3`
 the log is also copied to a local S3 server, moto's, started here, and read as `s3://`): each
 scenario in a NEW interpreter (imports untimed; `s` is opening the log and the call; `peak_rss_mib`
-the process's peak RSS):
+the process's peak RSS, /proc's VmHWM):
 
     trend_local / trend_s3            `log.trend()` (from the parts' summaries, one file a part)
     trend_s3_indexed                  the same after `log.write_summaries()` wrote one index of them
@@ -581,7 +581,7 @@ def fresh_process(path: str) -> dict[str, float] | str:
 
 
 SCALE_PROCESS = r"""
-import json, resource, sys, time
+import json, sys, time
 import rlgen
 url, what, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t0 = time.perf_counter()
@@ -595,7 +595,9 @@ elif what.startswith("open:"):  # the log open and another step read first (impo
 else:
     n = len(log.rows(steps=int(what)))
 s = time.perf_counter() - t0
-print(json.dumps({"s": s, "rows": n, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM: this process image's peak (ru_maxrss would carry the forking bench's RSS across exec on Linux)
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
+print(json.dumps({"s": s, "rows": n, "peak_rss_mib": peak}))
 """
 
 
