@@ -262,6 +262,13 @@ def test_requests_wait_at_the_gate_while_a_pause_lasts() -> None:
     assert released == [1.0]
 
 
+def test_reattaching_continues_a_server_a_dead_kernel_left_paused_and_minds_no_missing_route() -> None:
+    control = Control()
+    Pauses.continue_after_attach(control)  # type: ignore[arg-type]
+    assert control.posts == [("/continue_generation", {})]
+    Pauses.continue_after_attach(Control(fail="/continue_generation"))  # type: ignore[arg-type]
+
+
 # -- options refused before anything is sent --------------------------------------------------------------
 @pytest.mark.parametrize("value", ["inplace", "pause", 1, True])
 def test_an_unknown_pause_mode_is_refused(value: Any) -> None:

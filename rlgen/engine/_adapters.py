@@ -11,6 +11,7 @@ call's prompts use (`_adapter_choice`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -23,7 +24,8 @@ from ..server._handle import ServerHandle
 from ._adapter_choice import Adapter, AdapterSet
 from ._connection import Connection
 from ._memory import ServerControl
-from ._weights import collect_ipc, server_gpus, uuid_key
+from ._served import ServedWeights
+from ._weights import Pausing, collect_ipc, server_gpus, uuid_key
 
 __all__ = ["load_adapter", "unload_adapter"]
 
@@ -32,8 +34,10 @@ _ALREADY_LOADED = "already loaded"
 
 
 def load_adapter(conn: Connection, control: ServerControl, adapters: AdapterSet, server: ServerHandle, name: str,
-                 adapter: Any, *, adapter_name: str, pinned: bool) -> Adapter:
-    """`Engine.load_adapter`: checked, sent (replacing a name already loaded), and recorded in `adapters`."""
+                 adapter: Any, *, adapter_name: str, pinned: bool, weights: ServedWeights | None = None,
+                 pausing: Pausing | None = None) -> Adapter:
+    """`Engine.load_adapter`: checked, sent (replacing a name already loaded) inside `pausing()`,
+    and recorded in `adapters`; replacing one counts one more version index in `weights`."""
     conn.check_ready()
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
@@ -52,16 +56,21 @@ def load_adapter(conn: Connection, control: ServerControl, adapters: AdapterSet,
                            served_modules=_served_modules(conn))
     if reason is not None:
         raise AdapterError(f"the server cannot take adapter {name!r}: {reason}")
-    if name in adapters.by_name:
-        unload_adapter(conn, control, adapters, name)
-    try:
-        _send_adapter(conn, control, server, name, source, pinned=pinned)
-    except AdapterError as err:
-        if _ALREADY_LOADED not in str(err):
-            raise
-        # Loaded under this name before this Engine attached (a kept server): replaced, as above.
-        _lora_control(control, "/unload_lora_adapter", {"lora_name": name}, what=f"unload_adapter({name!r})")
-        _send_adapter(conn, control, server, name, source, pinned=pinned)
+    replaced = name in adapters.by_name
+    with pausing() if pausing is not None else contextlib.nullcontext():
+        if replaced:
+            unload_adapter(conn, control, adapters, name)
+        try:
+            _send_adapter(conn, control, server, name, source, pinned=pinned)
+        except AdapterError as err:
+            if _ALREADY_LOADED not in str(err):
+                raise
+            # Loaded under this name before this Engine attached (a kept server): replaced, as above.
+            _lora_control(control, "/unload_lora_adapter", {"lora_name": name}, what=f"unload_adapter({name!r})")
+            _send_adapter(conn, control, server, name, source, pinned=pinned)
+            replaced = True
+        if replaced and weights is not None:
+            weights.advance()  # the adapter's rows are sampled by other weights from here on
     loaded = Adapter(name=name, source=source.path or "tensors", rank=source.rank,
                      target_modules=source.target_modules, sha256=source.sha256,
                      load=adapters.next_load(name), seconds=time.perf_counter() - started)

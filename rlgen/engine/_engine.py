@@ -7,14 +7,16 @@ connection (`_connection.Connection`: client, server info, tokenizer), the serve
 (`_served.ServedWeights`), the adapters (`_adapter_choice.AdapterSet`), server control and memory
 (`_memory.ServerControl`), the completion cache (`_generation.CachePolicy`) and the provenance of
 results (`_provenance.Provenance`). The work is done in the modules of those parts and in
-`_lifecycle` (construction, `info`), `_generation`, `_scoring`, `_weights`, `_adapters` and
-`_episodes`. Knows nothing about process signals, padding, SGLang's answer format or HTML: those
+`_lifecycle` (construction, `info`), `_generation`, `_scoring`, `_weights`, `_adapters`,
+`_episodes`, `_jobs` (background jobs, `submit`) and `_pause` (the server's generation paused
+around a weight update while jobs run). Knows nothing about process signals, padding, SGLang's answer format or HTML: those
 live in `rlgen.server`, `rlgen.client` and `rlgen.rollouts`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import weakref
@@ -27,17 +29,20 @@ from typing_extensions import Unpack
 
 from ..core import _loop, _options
 from ..core._errors import EngineClosedError, EngineError
-from ..core._options import EpisodeOptions, GenerateOptions, StreamOptions, takes_options
+from ..core._options import EpisodeOptions, GenerateOptions, PauseOptions, StreamOptions, takes_options
 from ..core._types import Prompt, Prompts
 from ..server._handle import AttachedServer, Fleet, ServerHandle
-from . import _adapters, _episodes, _generation, _lifecycle, _scoring, _weights
+from . import _adapters, _episodes, _generation, _jobs, _lifecycle, _scoring, _weights
 from ._adapter_choice import Adapter, AdapterSet
 from ._connection import Connection
+from ._jobs import GenerationJob, PartialRollouts
 from ._lifecycle import EngineState
 from ._memory import ServerControl
+from ._pause import Pauses
 from ._provenance import Provenance
 from ._served import ServedWeights
 from ._startup import close_client, in_background, reap_leftovers, timed_load_tokenizer
+from ._weights import Pausing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -209,6 +214,8 @@ class Engine:
         self.start_times["server_s"] = started.server_s
         try:
             self._connect(tokenizer, weights, memory_saver=enable_memory_saver, metrics_enabled=enable_metrics)
+            if started.reattached:  # a kernel that died in a paused weight update left it paused
+                Pauses.continue_after_attach(self._control)
         except BaseException:
             self._server.close(stop=not started.reattached)  # a reattached kept server is only detached
             if started.line_open:
@@ -264,6 +271,7 @@ class Engine:
         """What every Engine holds before its server is known."""
         self._cache = _generation.CachePolicy(_options.cache_mode("cache", cache) or False)
         self._hints = _generation.CallWarnings()
+        self._pauses = Pauses()
         self._state = EngineState.FAILED  # until _connect() succeeds
         self._progress = progress
         self._api_key = api_key
@@ -284,7 +292,7 @@ class Engine:
             on_connection_error=self._on_connection_error, check_ready=self._check_ready, tokenizer=tokenizer,
             model_path=self.model_path, progress=self._progress, model_info=model_info,
             workers_alive=fleet.replicas.workers_alive if fleet is not None else None)
-        weights.version = version
+        weights.connected(version)
         self._conn, self._weights = conn, weights
         self._adapters = AdapterSet(conn.server_info)
         self._control = ServerControl(conn.client, memory_saver=memory_saver, metrics_enabled=metrics_enabled)
@@ -324,6 +332,9 @@ class Engine:
         """
         if self._state is EngineState.CLOSED:
             return
+        if self._state is EngineState.READY and self._pauses.jobs:
+            with contextlib.suppress(Exception):
+                _jobs.stop_all(self._pauses)  # their requests aborted before the client closes
         self._state = EngineState.CLOSED
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
@@ -473,7 +484,56 @@ class Engine:
                                    opts, stacklevel=stacklevel + 1)
 
     def _build(self, call: _generation.Call, *, failed: bool = False) -> Rollouts:
-        return _generation.build(self._conn, self._adapters, self._provenance, self._cache, call, failed=failed)
+        return _generation.build(self._conn, self._adapters, self._provenance, self._cache, call, failed=failed,
+                                 weights=self._weights)
+
+    # -- background jobs -------------------------------------------------------------------------
+    @takes_options(GenerateOptions)
+    def submit(self, prompts: Prompts | PartialRollouts, /, **options: Unpack[GenerateOptions]) -> GenerationJob:
+        """Start generating in the background; returns a `GenerationJob` at once (the cell is free).
+
+        Takes generate()'s prompts and options (checked before anything is sent; not `stream=`
+        or `cache=`), or a `PartialRollouts` (`job.partial`) to go on with. While it runs, other
+        calls work, among them `update_weights(...)` / `update_weights_from_disk(...)` /
+        `load_adapter(...)`: they pause the server's generation (`pause=`, default "abort"), push,
+        and continue it; a sample the pause ended goes on as the same sequence under the new
+        weights, and every token records the version index that sampled it (`res.versions`,
+        the columns `version_min`, `version_max`, `staleness`, `n_segments`, `kv_staleness`).
+
+        `job.result()` returns the rows (`min_done=0.8`: once 80% of the prompt groups are done;
+        `rest="recycle"`: the rest stopped and handed back in `job.partial`), `job.done()`,
+        `job.progress`, `job.cancel()`. docs/generation.md, "Jobs that span a weight update".
+
+        Raises:
+            TypeError / ValueError: bad prompts or options (nothing was sent).
+        """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            if not isinstance(prompts, PartialRollouts):
+                _options.resolve(GenerateOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        self._check_ready()
+        return _jobs.submit(self._job_parts, self._cache, self._hints, prompts, options, stacklevel=_USER + 1)
+
+    @property
+    def _job_parts(self) -> _jobs.JobParts:
+        return _jobs.JobParts(conn=self._conn, adapters=self._adapters, pauses=self._pauses, weights=self._weights,
+                              provenance=self._provenance)
+
+    @property
+    def version_index(self) -> int:
+        """The served weights' version index: 0 for those this Engine started with, +1 for every
+        change this Engine made (a weight update, a reload, an adapter replaced). Background jobs
+        label each sampled token with it (`res.versions`)."""
+        return self._weights.index
+
+    def _pausing(self, pause: str | None) -> Pausing:
+        """An update's pause, checked before anything is sent (`core._options.PauseOptions`)."""
+        try:
+            mode = _options.resolve(PauseOptions, {"pause": pause})["pause"]
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        return functools.partial(self._pauses.pausing, mode, control=self._control, weights=self._weights)
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, prompts: Prompts | Rollouts, completions: Sequence[str] | Sequence[Sequence[int]] | None = None,
@@ -563,19 +623,25 @@ class Engine:
 
     # -- weights ---------------------------------------------------------------------------------
     def update_weights_from_disk(self, path: str | os.PathLike[str], *, weight_version: str | None = None,
-                                 retries: int = 3, backoff_s: float = 1.0) -> str:
+                                 retries: int = 3, backoff_s: float = 1.0, pause: str | None = None) -> str:
         """Load new weights from a checkout on the server's disk; returns the new weight version.
 
         Retries transient failures (connection errors, HTTP 5xx/503) with backoff; a rejected path
         (HTTP 400) fails at once. The version defaults to "<dir name>@<n>" so rows stay traceable.
         Behind a router every worker loads it, at once; if some fail, WorkerRequestError names them.
+
+        `pause`: "abort", "retract" or "in_place": the server's generation is paused around the
+        load and continued after it, also when it fails or Ctrl-C stops it (None: "abort" while a
+        background job runs, else no pause; see `eng.submit` and docs/generation.md).
         """
+        pausing = self._pausing(pause)
         return _weights.from_disk(self._conn, self._control, self._weights, self._server, path,
-                                  weight_version=weight_version, retries=retries, backoff_s=backoff_s)
+                                  weight_version=weight_version, retries=retries, backoff_s=backoff_s, pausing=pausing)
 
     def update_weights(self, weights: torch.nn.Module | Mapping[str, Any] | Iterable[tuple[str, Any]], *,
                        weight_version: str | None = None, bucket_mb: float | None = None, flatten: bool = False,
-                       retries: int = 3, backoff_s: float = 1.0, progress: bool | None = None) -> str:
+                       retries: int = 3, backoff_s: float = 1.0, progress: bool | None = None,
+                       pause: str | None = None) -> str:
         """Load the trainer's weights into the server from memory; returns the new weight version.
 
         `weights`: a transformers `PreTrainedModel` (or any torch module whose `state_dict()` has
@@ -600,16 +666,25 @@ class Engine:
         `update_weights_from_disk`. Inside `with eng.paused():` the weights' memory comes back
         first, and the old weights are reloaded from disk under a push that does not cover
         every tensor; the rest of the memory comes back when the block ends.
+
+        `pause`: "abort", "retract" or "in_place": after the checks, the server's generation is
+        paused around the push and continued after it, also when it fails or Ctrl-C stops it
+        (None: "abort" while a background job runs, else no pause). Under "retract" and
+        "in_place" the prefix cache is not flushed (SGLang 0.5.17's scheduler dies on a flush with
+        requests queued): it keeps prefixes the old weights computed. See `eng.submit` and
+        docs/generation.md ("Jobs that span a weight update").
         """
+        pausing = self._pausing(pause)
         return _weights.from_tensors(self._conn, self._control, self._weights, self._server, weights, url=self.url,
                                      weight_version=weight_version, bucket_mb=bucket_mb, flatten=flatten,
-                                     retries=retries, backoff_s=backoff_s, progress=progress)
+                                     retries=retries, backoff_s=backoff_s, progress=progress, pausing=pausing)
 
     # -- memory and server control ---------------------------------------------------------------
     def flush_cache(self) -> None:
         """Drop the server's prefix (radix) cache. SGLang refuses while requests are running."""
         self._check_ready()
         self._control.flush_cache()
+        self._pauses.flushed()
 
     def release_memory(self, tags: Sequence[str] | None = None) -> None:
         """Release the server's GPU memory (KV cache, weights); generate() fails until resume_memory()."""
@@ -674,7 +749,8 @@ class Engine:
         """Whether the server was started with LoRA serving (`Engine(lora=...)`)."""
         return self._adapters.serves_lora
 
-    def load_adapter(self, name: str, adapter: Any, *, adapter_name: str = "default", pinned: bool = False) -> Adapter:
+    def load_adapter(self, name: str, adapter: Any, *, adapter_name: str = "default", pinned: bool = False,
+                     pause: str | None = None) -> Adapter:
         """Load a LoRA adapter into the server under `name`; `generate(..., adapter=name)` then samples with it.
 
         `adapter`: a directory PEFT's `save_pretrained` wrote (the server reads it: it must be on the
@@ -686,9 +762,18 @@ class Engine:
         The server must serve LoRA (`Engine(lora=True)` or `lora={...}`), with a `max_rank` and
         `target_modules` that cover the adapter; AdapterError says what to change otherwise, before
         anything is sent. Returns what the Engine records about it (also in `eng.adapters`).
+
+        `pause`: "abort" pauses the server's generation around the load (None: "abort" while a
+        background job runs, else no pause); replacing an adapter counts one more version index.
+        Not "retract" / "in_place": SGLang unloads an adapter once the requests that use it end,
+        and such a pause holds them.
         """
+        if pause in ("retract", "in_place"):
+            raise ValueError(f"load_adapter() takes pause='abort' or None, not {pause!r}: the old adapter is unloaded "
+                             "once the requests that use it end, and that pause holds them")
         return _adapters.load_adapter(self._conn, self._control, self._adapters, self._server, name, adapter,
-                                      adapter_name=adapter_name, pinned=pinned)
+                                      adapter_name=adapter_name, pinned=pinned, weights=self._weights,
+                                      pausing=self._pausing(pause))
 
     def unload_adapter(self, name: str) -> None:
         """Remove adapter `name` from the server (SGLang waits for the requests that use it)."""

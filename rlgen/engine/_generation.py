@@ -64,6 +64,7 @@ class Call:
     adapters: list[str | None] | None = None  # each prompt's LoRA adapter; None: the base model for all
     keys: list[str] | None = None     # the cache key of each of the call's prompts
     hits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # prompt position -> stored answers
+    version: int = 0                  # the served weights' version index when the call began
 
 
 class CachePolicy:
@@ -153,7 +154,7 @@ def prepare(conn: Connection, adapters: AdapterSet, cache: CachePolicy, weights:
         max_in_flight=max_in_flight, per_prompt={} if names is None else {"lora_path": names},
     )
     call = Call(batch=batch, job=job, progress=opts["progress"], started=started,
-                sent=list(range(len(batch.ids))), adapters=names)
+                sent=list(range(len(batch.ids))), adapters=names, version=weights.index)
     if cache.applies(job, opts["cache"], stacklevel=stacklevel + 1):
         call.keys = _cache_keys(job, names, weights, adapters)
         call.hits, call.sent = split(cache.store, call.keys, n=job.n)
@@ -218,10 +219,11 @@ def _load_note(line: ProgressLine) -> Callable[[int, int], None] | None:
 
 # -- build ---------------------------------------------------------------------------------------------
 def build(conn: Connection, adapters: AdapterSet, provenance: Provenance, cache: CachePolicy, call: Call, *,
-          failed: bool = False) -> Rollouts:
+          failed: bool = False, weights: ServedWeights | None = None) -> Rollouts:
     """The call's `Rollouts`: the cache's hits and the server's answers in prompt order (a sample
     without an answer as aborted), each fully finished prompt stored in the cache (not after a
-    failure), the extra columns, and the provenance."""
+    failure), the extra columns, and the provenance. With `weights`, each row's `versions`: the
+    version index its answer's `weight_version` names (from the call's own on), else the call's."""
     from ..rollouts._build import rollouts_from_responses
 
     job, batch, n = call.job, call.batch, call.job.n
@@ -231,12 +233,16 @@ def build(conn: Connection, adapters: AdapterSet, provenance: Provenance, cache:
     responses = merge(call.hits, call.sent, answers, prompts=len(batch.ids), n=n)
     sampling = {**job.sampling, "n": n}
     cache_counts = None if call.keys is None else {"hits": len(call.hits), "sent": len(call.sent)}
+    named = [read_answer(r).weight_version for r in responses]
     record = provenance.of_call(started=call.started, sampling=sampling, cache=cache_counts, adapters=call.adapters,
-                                weight_versions=[read_answer(r).weight_version for r in responses])
+                                weight_versions=named)
+    rows = None
+    if weights is not None:
+        rows = [call.version if (i := weights.index_of(v, at_least=call.version)) is None else i for v in named]
     return rollouts_from_responses(
         responses, prompt_ids=batch.ids, prompt_texts=batch.texts, n=n, pad_token_id=conn.pad_id,
         extra=_extra_columns(call, adapters), model=provenance.model, sampling=sampling,
-        decode=conn.token_text, record=record,
+        decode=conn.token_text, record=record, row_versions=rows,
     )
 
 

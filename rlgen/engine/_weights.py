@@ -7,16 +7,21 @@ does not cover every tensor), and `from_tensors` (`update_weights`: the checks b
 sent: names and shapes against the served checkpoint, where the tensors are against where the
 server can read them, a router or data parallelism refused; the buckets sent one request each
 with retries and a progress line, the prefix cache flushed and the version set by the last;
-inside `paused()`, the weights' memory taken back first). Each tells `ServedWeights` what the
-server now serves. Knows nothing about generation, scoring, checkpoint names or how tensors are
-serialized: `client._state_dict` and `client._tensors` do those.
+inside `paused()`, the weights' memory taken back first). The requests that change weights run
+inside the `pausing()` context the Engine hands in (`_pause.Pauses.pausing`: the server's
+generation paused around them, the prefix cache flushed only where the pause allows it), after
+every check. Each tells `ServedWeights` what the server now serves, and counts one more version
+index for every change of the served weights. Knows nothing about generation, scoring,
+checkpoint names or how tensors are serialized: `client._state_dict` and `client._tensors` do those.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -30,13 +35,21 @@ from ..server._process_tree import gpu_uuids_of
 from ..server._weights import checkpoint_tensors, ties_word_embeddings
 from ._connection import Connection
 from ._memory import ServerControl
+from ._pause import Ticket
 from ._served import ServedWeights
 from ._startup import is_loopback
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["collect_ipc", "from_disk", "from_tensors", "reload_from_disk", "server_gpus", "uuid_key"]
+__all__ = ["Pausing", "collect_ipc", "from_disk", "from_tensors", "reload_from_disk", "server_gpus", "uuid_key"]
+
+# What an update runs its requests in: `_pause.Pauses.pausing` bound to a mode (or no pause).
+Pausing = Callable[[], AbstractContextManager[Ticket]]
+
+
+def _no_pause() -> AbstractContextManager[Ticket]:
+    return contextlib.nullcontext(Ticket(None, flush_cache=True))
 
 _MIB = 1 << 20
 # Default bucket sizes. By CUDA IPC a bucket is handles, not bytes: 512 MiB bounds only a flattened
@@ -49,20 +62,24 @@ _DISK_HINT = ("save the weights where the server can read them and load them fro
 
 # -- from disk -----------------------------------------------------------------------------------------
 def from_disk(conn: Connection, control: ServerControl, weights: ServedWeights, server: ServerHandle,
-              path: str | os.PathLike[str], *, weight_version: str | None, retries: int, backoff_s: float) -> str:
-    """`Engine.update_weights_from_disk`: the checkout at `path` loaded; returns the new weight version."""
+              path: str | os.PathLike[str], *, weight_version: str | None, retries: int, backoff_s: float,
+              pausing: Pausing = _no_pause) -> str:
+    """`Engine.update_weights_from_disk`: the checkout at `path` loaded (inside `pausing()`);
+    returns the new weight version, and counts one more version index."""
     conn.check_ready()
     version = weights.next_version(weight_version, prefix=Path(path).name)
-    body = {"model_path": str(path), "weight_version": version}
-    if conn.behind_router:  # every worker, retried per worker; a failure names the worker
-        result = control.post("/update_weights_from_disk", body, what=f"update_weights_from_disk({str(path)!r})",
-                              retries=retries, backoff_s=backoff_s)
-    else:
-        result = _post_retried(conn, server, body, path, retries=retries, backoff_s=backoff_s)
-    if isinstance(result, dict) and result.get("success") is False:
-        raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
-    info = _loop.run_sync(conn.client.get_info("model", timeout=30))
-    weights.loaded_from_disk(str(path), info.get("weight_version", version))
+    with pausing() as ticket:
+        body = {"model_path": str(path), "weight_version": version, "flush_cache": ticket.flush_cache}
+        if conn.behind_router:  # every worker, retried per worker; a failure names the worker
+            result = control.post("/update_weights_from_disk", body, what=f"update_weights_from_disk({str(path)!r})",
+                                  retries=retries, backoff_s=backoff_s)
+        else:
+            result = _post_retried(conn, server, body, path, retries=retries, backoff_s=backoff_s)
+        if isinstance(result, dict) and result.get("success") is False:
+            raise ServerRequestError(f"update_weights_from_disk failed: {result.get('message')}", status=400)
+        info = _loop.run_sync(conn.client.get_info("model", timeout=30))
+        weights.loaded_from_disk(str(path), info.get("weight_version", version))
+        weights.advance()
     return str(weights.version)
 
 
@@ -83,19 +100,24 @@ def _post_retried(conn: Connection, server: ServerHandle, body: dict[str, Any], 
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def reload_from_disk(control: ServerControl, weights: ServedWeights, what: str) -> None:
-    """Load the weights this Engine last loaded from disk again, under the version they had."""
+def reload_from_disk(control: ServerControl, weights: ServedWeights, what: str, *, flush_cache: bool = True) -> None:
+    """Load the weights this Engine last loaded from disk again, under the version they had (one
+    more version index: the served weights changed back)."""
     control.post("/update_weights_from_disk",
-                 {"model_path": weights.disk_path, "weight_version": weights.restore_version()}, what=what)
+                 {"model_path": weights.disk_path, "weight_version": weights.restore_version(),
+                  "flush_cache": flush_cache}, what=what)
     weights.restored()
+    weights.advance()
 
 
 # -- from tensors --------------------------------------------------------------------------------------
 def from_tensors(conn: Connection, control: ServerControl, weights: ServedWeights, server: ServerHandle,
                  tensors: torch.nn.Module | Mapping[str, Any] | Iterable[tuple[str, Any]], *, url: str,
                  weight_version: str | None, bucket_mb: float | None, flatten: bool, retries: int,
-                 backoff_s: float, progress: bool | None) -> str:
-    """`Engine.update_weights`: the trainer's tensors pushed, checked first; returns the new weight version."""
+                 backoff_s: float, progress: bool | None, pausing: Pausing = _no_pause) -> str:
+    """`Engine.update_weights`: the trainer's tensors checked, then pushed inside `pausing()` (a
+    refusal pauses nothing); returns the new weight version, and counts one more version index
+    (also for a push that failed after some of its requests: the weights changed)."""
     conn.check_ready()
     _check_options(bucket_mb=bucket_mb, flatten=flatten, retries=retries, backoff_s=backoff_s)
     if conn.behind_router:
@@ -105,22 +127,25 @@ def from_tensors(conn: Connection, control: ServerControl, weights: ServedWeight
     checked = checked_weights(tensors, checkpoint=checkpoint_tensors(path), tied=ties_word_embeddings(path))
     transport = _transport(conn, server, checked.tensors, url=url, flatten=flatten)
     version = weights.next_version(weight_version, prefix="tensors")
-    if "weights" in control.released:  # inside paused(): the memory back first (SGLang would write unmapped memory)
-        control.resume(["weights"])
-        if not checked.complete:
-            reload_from_disk(control, weights, "update_weights() reloading the weights it does not replace")
-    # A released KV cache was flushed with it: flushing again would touch released memory.
-    flush = "kv_cache" not in control.released
     if bucket_mb is None:
         bucket_mb = _IPC_BUCKET_MB if transport is Transport.IPC else _VALUE_BUCKET_MB
-    _push(conn, weights, server, checked.tensors, transport=transport, flatten=flatten, flush=flush,
-          bucket_bytes=max(1, int(bucket_mb * _MIB)), version=version, retries=retries, backoff_s=backoff_s,
-          progress=progress)
-    if transport is Transport.IPC:
-        collect_ipc()
-    weights.pushed_tensors(version)
-    info = _loop.run_sync(conn.client.get_info("model", timeout=30))
-    weights.version = info.get("weight_version", version)
+    with pausing() as ticket:
+        if "weights" in control.released:  # inside paused(): the memory back first (SGLang would write unmapped memory)
+            control.resume(["weights"])
+            if not checked.complete:
+                reload_from_disk(control, weights, "update_weights() reloading the weights it does not replace",
+                                 flush_cache=ticket.flush_cache)
+        # A released KV cache was flushed with it: flushing again would touch released memory.
+        flush = "kv_cache" not in control.released and ticket.flush_cache
+        _push(conn, weights, server, checked.tensors, transport=transport, flatten=flatten, flush=flush,
+              bucket_bytes=max(1, int(bucket_mb * _MIB)), version=version, retries=retries, backoff_s=backoff_s,
+              progress=progress)
+        if transport is Transport.IPC:
+            collect_ipc()
+        weights.pushed_tensors(version)
+        info = _loop.run_sync(conn.client.get_info("model", timeout=30))
+        weights.version = info.get("weight_version", version)
+        weights.advance()
     return str(weights.version)
 
 
@@ -143,6 +168,7 @@ def _push(conn: Connection, weights: ServedWeights, server: ServerHandle, tensor
             except BaseException as err:  # a request, or making one (memory), or Ctrl-C
                 if i:
                     weights.pushed_tensors(f"{version} (partial)")
+                    weights.advance()  # some of the weights changed: a version of their own
                 if isinstance(err, RequestError):
                     raise _failed_at(err, i, len(groups)) from err
                 raise
