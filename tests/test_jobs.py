@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _cpu_server_process import post
 
 import rlgen
 from rlgen.engine import GenerationJob, _weights
@@ -206,6 +207,23 @@ def test_ctrl_c_during_a_paused_push_leaves_the_server_continued_and_the_engine_
     res = job.result(timeout=120)
     same_as_reference(res, reference, tok)
     assert loads(eng) == 0  # idle
+
+
+@pytest.mark.timeout(300)
+def test_requests_a_pause_turns_away_with_499_are_sent_again(eng: rlgen.Engine, reference: rlgen.Rollouts,
+                                                             tok: Any) -> None:
+    assert post(eng.url + "/pause_generation", {"mode": "abort"})[0] == 200  # another client pauses the server
+    try:
+        job = eng.submit(PROMPTS, **GREEDY)
+        time.sleep(0.5)  # its requests wait at the server's gate
+        assert job.progress.tokens == 0 and not job._run.received
+        assert post(eng.url + "/pause_generation", {"mode": "abort"})[0] == 200  # ...which turns them away: 499
+    finally:
+        assert post(eng.url + "/continue_generation", {})[0] == 200
+    res = job.result(timeout=120)
+    assert len(job._run.sender.batches) >= 2, job._run.sender.batches  # sent again
+    same_as_reference(res, reference, tok)
+    assert res.df.n_segments.tolist() == [1, 1, 1]  # a request turned away sampled nothing: no segment
 
 
 @pytest.mark.timeout(300)

@@ -161,7 +161,8 @@ class Client:
                         return
                     chunk = orjson.loads(data)
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
-                        raise ServerRequestError(f"/generate stream failed: {chunk['error']}", status=500, body=str(chunk))
+                        raise ServerRequestError(f"/generate stream failed: {chunk['error']}", status=_event_status(chunk),
+                                                 body=str(chunk))
                     yield chunk
         except asyncio.TimeoutError:
             raise RequestTimeout("streamed /generate got no answer in time; raise `request_timeout=`") from None
@@ -189,6 +190,14 @@ async def _send(session: Any, method: str, url: str, **kwargs: Any) -> Any:
         return await session.request(method, url, **kwargs)
     except aiohttp.ServerDisconnectedError:
         return await session.request(method, url, **kwargs)
+
+
+def _event_status(chunk: dict[str, Any]) -> int:
+    """The status of a stream's error event: its `code` (SGLang 0.5.17 writes the error's
+    status_code there: 499 for a request a pause's abort caught before the scheduler), else 500."""
+    error = chunk.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else 500
 
 
 def _decode(raw: bytes) -> Any:
