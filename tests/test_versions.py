@@ -154,6 +154,38 @@ def test_kv_staleness_is_old_kv_after_an_in_place_update_and_old_prefix_after_re
     assert run("abort") == "fresh"
     assert run("abort", kv="old_prefix") == "old_prefix"
     assert run("in_place", received=3) == "fresh"  # every token came before the update
+    assert run("unsent", received=0) == "fresh"  # the request had not left: no token saw the old KV
+
+
+def test_the_sender_awaits_ready_before_a_sequence_joins_and_marks_what_has_left() -> None:
+    from rlgen.client._sender import Sender
+
+    class Client:
+        one_prompt_per_request = False
+
+        async def generate_stream(self, body: dict[str, Any]) -> Any:
+            seen.append(set(sender.posted))
+            for i, rid in enumerate(body["rid"]):
+                yield {"index": i, "text": "", "output_ids": [1], "meta_info": {
+                    "id": rid, "finish_reason": {"type": "length"}, "completion_tokens": 1}}
+
+    seen: list[set[str]] = []
+    gate = asyncio.Event()
+
+    async def main() -> list[Any]:
+        async def ready() -> None:
+            await gate.wait()
+
+        tasks = [asyncio.ensure_future(sender.sample([1, 2], {}, rid=f"r{i}", ready=ready)) for i in range(2)]
+        await asyncio.sleep(0.1)
+        assert sender.batches == [] and not sender.posted  # held at `ready`: nothing sent
+        gate.set()
+        return await asyncio.gather(*tasks)
+
+    sender = Sender(Client(), members=2)  # type: ignore[arg-type]
+    answers = asyncio.run(main())
+    assert [a["meta_info"]["id"] for a, _ in answers] == ["r0", "r1"]
+    assert seen == [{"r0", "r1"}] and not sender.posted
 
 
 # -- the version index of the served weights ------------------------------------------------------------

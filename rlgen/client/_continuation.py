@@ -79,7 +79,8 @@ class StopRules:
 class Boundary:
     """A weight update a segment was in flight across: `received` of its tokens had reached the
     client when the update was done (and `/continue_generation` not yet sent), `version` is the
-    index the update made, `mode` the pause it was made under."""
+    index the update made, `mode` the pause it was made under ("unsent": the request had not left
+    the client yet, so no token of it saw the old weights or their KV)."""
 
     received: int
     version: int

@@ -32,7 +32,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +146,7 @@ class Sender:
         self.on_chunk = on_chunk
         self.limiter = asyncio.Semaphore(max_in_flight)
         self.in_flight: dict[str, None] = {}  # rids sent and not yet answered (an ordered set)
+        self.posted: set[str] = set()  # rids of `sample` whose request has left (not waiting to join a batch)
         self.given_up: list[str] = []  # rids whose waiter was cancelled (`abort_given_up`)
         self.batches: list[int] = []  # the size of each batch sent, in order
         self._waiting = 0  # sequences sent and not yet answered: their requesters cannot join
@@ -184,17 +185,22 @@ class Sender:
             return await (client or self.client).generate(payload)
 
     async def sample(self, ids: list[int], sampling: Mapping[str, Any], *, rid: str | None = None,
-                     extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+                     extra: Mapping[str, Any] | None = None,
+                     ready: Callable[[], Awaitable[object]] | None = None) -> tuple[dict[str, Any], float]:
         """One sequence's answer (SGLang's dict) and its latency in seconds. `sampling` is sent as
         it is, not copied (sequences that share one object send it once): leave it unchanged.
         `rid`: the request's id (default: a new one); `extra`: further body fields of this
-        sequence (e.g. its `lora_path`).
+        sequence (e.g. its `lora_path`); `ready()`: awaited once the sequence has its place among
+        those in flight, before it joins a batch (a background job waits out a pause there; what
+        it raises leaves `sample` with nothing sent). `posted` holds the rid once its request has left.
 
         Raises:
             RequestError: the server refused or failed the request, or answered something else than
                 one sample for it.
         """
         async with self.limiter:
+            if ready is not None:
+                await ready()
             rid = rid or new_rid()
             self.in_flight[rid] = None
             started = time.perf_counter()
@@ -203,6 +209,7 @@ class Sender:
                 if self.batch:
                     answer: Any = await self._join(ids, sampling, rid, extra)
                 else:
+                    self.posted.add(rid)
                     answer = await self.client.generate(generate_body(
                         ids, sampling, rid, logprobs=self.logprobs, top_logprobs=self.top_logprobs, per_prompt=extra))
             except asyncio.CancelledError:
@@ -212,6 +219,7 @@ class Sender:
             finally:
                 if not cancelled:
                     self.in_flight.pop(rid, None)
+                self.posted.discard(rid)
             latency = time.perf_counter() - started
         if isinstance(answer, list) and len(answer) == 1:
             answer = answer[0]
@@ -285,6 +293,7 @@ class Sender:
         body = generate_body([item[0] for item in items], params, rids, logprobs=self.logprobs,
                              top_logprobs=self.top_logprobs, per_prompt=per_prompt)
         waiting = {i: item[3] for i, item in enumerate(items)}  # not yet handed an answer
+        self.posted.update(rids)
         self._waiting += len(waiting)
         try:
             if self.stream:

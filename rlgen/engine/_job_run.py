@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..client._answer import read_answer, sampled_ids
-from ..client._continuation import Boundary, Continued
+from ..client._continuation import Boundary, Continued, Segment
 from ..client._http import Client
 from ..client._sender import Sender, abort_quietly, new_rid
 from ..core._errors import RequestError, ServerRequestError
@@ -99,7 +99,8 @@ class JobRun:
         for rid, sample in self.live.items():
             segment = sample.in_flight
             if segment is not None and segment.rid == rid:
-                segment.boundaries.append(Boundary(self.received.get(rid, 0), version, mode))
+                sent = rid in self.sender.posted  # else it waits to join a batch: all its tokens are new
+                segment.boundaries.append(Boundary(self.received.get(rid, 0), version, mode if sent else "unsent"))
         self.changed.set()
 
     def _chunk(self, rid: str, answer: dict[str, Any]) -> None:
@@ -131,9 +132,6 @@ class JobRun:
     async def _sample(self, sample: Continued) -> None:
         try:
             while not sample.done and id(sample) not in self.stopping:
-                await self._wait_open()
-                if id(sample) in self.stopping:
-                    break
                 await self._segment(sample)
         finally:
             self.sender.leave()
@@ -149,15 +147,33 @@ class JobRun:
         for wait in pending:
             wait.cancel()
 
+    def _ready(self, sample: Continued, segment: Segment) -> Callable[[], Awaitable[None]]:
+        """What the sender awaits once `sample` has its place in flight: the pause gate; then the
+        segment takes the version and the prefix cache's state of now (raises `_Stopped` instead
+        when the sample was asked to stop)."""
+
+        async def ready() -> None:
+            await self._wait_open()
+            if id(sample) in self.stopping:
+                raise _Stopped
+            segment.sent_version = self.weights.index
+            segment.kv = "old_prefix" if self.pauses.old_prefixes else "fresh"
+            segment.boundaries.clear()  # updates made while it waited here came before it
+        return ready
+
     async def _segment(self, sample: Continued) -> None:
         """One request of `sample`: sent, answered, and its tokens kept (or sent again when a pause
         turned it away)."""
         ids, sampling = sample.next_request()
         rid, epoch = new_rid(), self.pauses.epoch
-        segment = sample.open(rid, self.weights.index, kv="old_prefix" if self.pauses.old_prefixes else "fresh")
+        segment = sample.open(rid, self.weights.index)
         self.live[rid] = sample
         try:
-            entry, _ = await self.sender.sample(ids, sampling, rid=rid, extra=sample.extra or None)
+            entry, _ = await self.sender.sample(ids, sampling, rid=rid, extra=sample.extra or None,
+                                                ready=self._ready(sample, segment))
+        except _Stopped:
+            sample.drop_open()
+            return
         except RequestError as err:
             if _turned_away(err, self.pauses.epoch != epoch):
                 sample.drop_open()
@@ -201,6 +217,10 @@ class JobRun:
                 if not any(id(s) in asked for s in self.live.values()):
                     return
         self.changed.set()
+
+
+class _Stopped(Exception):
+    """A sample asked to stop before its request left."""
 
 
 def _turned_away(err: RequestError, paused_since: bool) -> bool:
