@@ -36,7 +36,8 @@ GREEDY = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def eng(model_path: str) -> Iterator[rlgen.Engine]:
-    with rlgen.Engine(model_path, backend="cpu", progress=False, env={"RLGEN_CPU_STEP_DELAY": "0.02"}) as engine:
+    with rlgen.Engine(model_path, backend="cpu", progress=False, enable_metrics=True,
+                      env={"RLGEN_CPU_STEP_DELAY": "0.02"}) as engine:
         yield engine
 
 
@@ -75,6 +76,12 @@ def idle(eng: rlgen.Engine, *, within: float = 10.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
+
+
+def sampled(eng: rlgen.Engine) -> int:
+    """Tokens the server has sampled so far, by its own count (every answer's output ids, aborted ones too)."""
+    df = eng.metrics()
+    return int(df[df.name == "sglang:generation_tokens_total"].value.sum())
 
 
 def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, list[Any]]:
@@ -135,7 +142,7 @@ def test_a_job_returns_at_once_and_without_a_push_equals_generate(eng: rlgen.Eng
 @pytest.mark.timeout(300)
 def test_a_push_from_another_thread_continues_every_sample_without_losing_or_repeating_a_token(
         eng: rlgen.Engine, reference: rlgen.Rollouts, tok: Any, model_path: str) -> None:
-    before = eng.version_index
+    before, server_count = eng.version_index, sampled(eng)
     job = eng.submit(PROMPTS, **GREEDY)
     wait_streamed(job, 1)
     time.sleep(0.2)
@@ -145,6 +152,7 @@ def test_a_push_from_another_thread_continues_every_sample_without_losing_or_rep
     res = job.result(timeout=120)
     same_as_reference(res, reference, tok)
     check_counts(res)
+    assert sampled(eng) - server_count == res.n_tokens  # the server sampled each token once: none twice
     assert (res.df.n_segments >= 2).all(), res.df.n_segments  # each was in flight: aborted, then continued
     assert set(res.df.version_min) == {before} and set(res.df.version_max) == {before + 1}
     assert set(res.df.kv_staleness) == {"fresh"} and set(res.df.staleness) == {1}
@@ -158,13 +166,14 @@ def test_a_push_from_another_thread_continues_every_sample_without_losing_or_rep
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
 def test_in_place_and_retract_label_what_streamed_before_the_push_old_and_the_rest_new(
         eng: rlgen.Engine, reference: rlgen.Rollouts, tok: Any, trainer: Any, mode: str) -> None:
-    before = eng.version_index
+    before, server_count = eng.version_index, sampled(eng)
     job = eng.submit(PROMPTS, **GREEDY, sampling_params={"stream_interval": 1})
     wait_streamed(job, 8)
     eng.update_weights(trainer, pause=mode)  # the same weights, pushed
     res = job.result(timeout=120)
     same_as_reference(res, reference, tok)
     check_counts(res)
+    assert sampled(eng) - server_count == res.n_tokens
     assert res.df.n_segments.tolist() == [1, 1, 1]  # one request each, in flight across the push
     old = (res.versions == before).sum(dim=1)
     assert ((old >= 8) & (old < 48)).all(), old  # at least what had streamed; the rest the new version
