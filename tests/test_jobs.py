@@ -311,3 +311,20 @@ def test_bad_inputs_are_refused_before_anything_is_sent(eng: rlgen.Engine, model
         job.result(rest="recycle")
     assert len(job.result(timeout=60)) == 1  # the refusals stopped nothing
     assert (eng._pauses.epoch, eng.version_index) == (epoch, version)
+
+
+@pytest.mark.timeout(240)
+def test_reattaching_to_a_kept_server_a_dead_kernel_left_paused_continues_it(isolated: str, model_path: str) -> None:
+    first = rlgen.Engine(model_path, backend="cpu", progress=False, keep_alive="60s")
+    second = None
+    try:
+        # A kernel that died inside a paused update: the server stays paused, holding every request.
+        first._control.post("/pause_generation", {"mode": "abort"}, what="pause")
+        first.close()
+        second = rlgen.Engine(model_path, backend="cpu", progress=False, keep_alive="60s")
+        assert second.reattached
+        thread, out = in_thread(second.generate, PROMPTS[:1], max_new_tokens=4, temperature=0.0)
+        thread.join(60)
+        assert out and isinstance(out[0], rlgen.Rollouts), "the reattached server is still paused"
+    finally:
+        (second or first).close(stop=True)
