@@ -328,3 +328,30 @@ def test_reattaching_to_a_kept_server_a_dead_kernel_left_paused_continues_it(iso
         assert out and isinstance(out[0], rlgen.Rollouts), "the reattached server is still paused"
     finally:
         (second or first).close(stop=True)
+
+
+@pytest.mark.timeout(300)
+def test_an_adapter_replaced_while_a_job_samples_with_it_pauses_and_the_job_goes_on(model_path: str,
+                                                                                 tok: Any) -> None:
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    adapter = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                        init_lora_weights=False)).eval()
+    lora = {"max_rank": 8, "target_modules": ["q_proj", "v_proj"]}
+    with rlgen.Engine(model_path, backend="cpu", progress=False, lora=lora,
+                      env={"RLGEN_CPU_STEP_DELAY": "0.02"}) as eng:
+        eng.load_adapter("policy", adapter)
+        reference = eng.generate(PROMPTS, **GREEDY, adapter="policy")
+        before = eng.version_index
+        job = eng.submit(PROMPTS, **GREEDY, adapter="policy")
+        wait_streamed(job, 1)
+        eng.load_adapter("policy", adapter)  # the same adapter again: a new load under the running job
+        res = job.result(timeout=120)
+        assert eng.version_index == before + 1
+        same_as_reference(res, reference, tok)
+        check_counts(res)
+        assert (res.df.n_segments >= 2).all() and set(res.df.adapter) == {"policy"}
+        assert set(res.df.version_min) == {before} and set(res.df.version_max) == {before + 1}
