@@ -355,3 +355,18 @@ def test_an_adapter_replaced_while_a_job_samples_with_it_pauses_and_the_job_goes
         check_counts(res)
         assert (res.df.n_segments >= 2).all() and set(res.df.adapter) == {"policy"}
         assert set(res.df.version_min) == {before} and set(res.df.version_max) == {before + 1}
+
+
+@pytest.mark.timeout(240)
+def test_closing_the_engine_cancels_its_jobs_and_keeps_what_they_sampled(model_path: str, tok: Any) -> None:
+    eng = rlgen.Engine(model_path, backend="cpu", progress=False, env={"RLGEN_CPU_STEP_DELAY": "0.02"})
+    try:
+        job = eng.submit(PROMPTS[:2], max_new_tokens=400, temperature=0.0, ignore_eos=True,
+                         sampling_params={"stream_interval": 1})
+        wait_streamed(job, 3)
+    finally:
+        eng.close()
+    assert job.state == "cancelled" and job.done()
+    res = job.result()
+    assert res.df.finish_reason.tolist() == ["abort"] * 2 and (res.df.completion_tokens >= 3).all()
+    assert [tok.decode(ids, skip_special_tokens=True) for ids in res.id_lists()] == res.df.completion.tolist()

@@ -77,6 +77,7 @@ class JobRun:
         self.changed = threading.Event()       # set at every change (waiters in other threads poll it)
         self.failure: BaseException | None = None
         self.finished = False
+        self.cancelled = False
         self._tasks: dict[int, asyncio.Future[None]] = {}  # id() of a sample -> its task
 
     # -- progress (any thread) ------------------------------------------------------------------
@@ -192,6 +193,16 @@ class JobRun:
         sample.close(answer, answered_version=answered, decode=self.decode)
 
     # -- stopping -------------------------------------------------------------------------------------
+    async def cancel(self, message: str) -> None:
+        """Stop every unfinished sample (`stop`), and end each as "abort" with what it sampled."""
+        self.cancelled = True
+        unfinished = [s for s in self.samples if not s.done]
+        await self.stop(unfinished)
+        for sample in unfinished:
+            if not sample.done:
+                sample.end({"type": "abort", "message": message})
+        self.changed.set()
+
     async def stop(self, samples: Iterable[Continued]) -> None:
         """Stop `samples` where they are: their requests in flight aborted on the server (their
         answers, with every token sampled, are kept), none sent again. Returns once none of them

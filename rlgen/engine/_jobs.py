@@ -161,7 +161,7 @@ def stop_all(pauses: Pauses) -> None:
     """Cancel every job that runs (the Engine closes): their requests aborted, their tokens kept."""
     runs = [job for job in list(pauses.jobs) if isinstance(job, JobRun)]
     for run in runs:
-        shielded(run.stop(run.samples))
+        shielded(run.cancel("the Engine was closed"))
 
 
 # -- the handle ---------------------------------------------------------------------------------------
@@ -195,7 +195,6 @@ class GenerationJob:
         self._started = time.time()
         self._t0 = time.perf_counter()
         self._run_id = new_run_id()
-        self._cancelled = False
         self.partial: PartialRollouts | None = None  # the groups `result(rest="recycle")` handed back
         self._future = asyncio.run_coroutine_threadsafe(self._run.main(), _loop.get_loop())
 
@@ -206,7 +205,7 @@ class GenerationJob:
         if self._run.failure is not None:
             return "failed"
         if self._run.finished:
-            return "cancelled" if self._cancelled else "done"
+            return "cancelled" if self._run.cancelled else "done"
         return "paused" if self._parts.pauses.paused else "running"
 
     @property
@@ -225,13 +224,8 @@ class GenerationJob:
         sampled (the unfinished ones end as "abort"), and `result()` returns them."""
         if self._run.finished:
             return
-        self._cancelled = True
-        unfinished = [s for s in self._run.samples if not s.done]
-        shielded(self._run.stop(unfinished))
+        shielded(self._run.cancel("the job was cancelled"))
         self._wait_finished(10.0)
-        for sample in unfinished:
-            if not sample.done:
-                sample.end({"type": "abort", "message": "the job was cancelled"})
 
     # -- results ------------------------------------------------------------------------------------
     def result(self, timeout: float | None = None, *, min_done: float | None = None, rest: str = "keep") -> Rollouts:
