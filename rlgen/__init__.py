@@ -14,6 +14,7 @@ from ._version import __version__
 from .compare._ab import ABReport, ab
 from .compare._kl import LogprobShift, compare
 from .compare._logprobs import compare_logprobs
+from .compare._mismatch import SamplerMismatch, sampler_vs_trainer
 from .compare._reward_diff import RewardDiff
 from .core._errors import (
     AdapterError,
@@ -67,6 +68,7 @@ __all__ = [
     "RlgenError",
     "RolloutLog",
     "Rollouts",
+    "SamplerMismatch",
     "SamplingOptions",
     "ServerDiedError",
     "ServerRequestError",
@@ -83,10 +85,12 @@ __all__ = [
     "list_servers",
     "reap",
     "resolve_model",
+    "sampler_vs_trainer",
 ]
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
 for _obj in (Engine, EngineState, Episodes, Rollouts, RolloutLog, LogError, RewardDiff, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
+             SamplerMismatch, sampler_vs_trainer,
              reap, resolve_model, RlgenError, AdapterError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"
