@@ -471,6 +471,22 @@ def _checked(entries: list[dict[str, Any]], expected: int) -> Served:
     return served(entries)
 
 
+async def post_generate(session: Any, url: str, body: dict[str, Any]) -> Any:
+    """One POST /generate of `body` on an aiohttp session (orjson both ways, the cyclic GC paused while
+    the answer is decoded, as rlgen's client does); the decoded answer. Raises on an HTTP error."""
+    import orjson
+
+    async with session.post(url + "/generate", data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
+        raw = await r.read()
+        if r.status >= 400:
+            raise RuntimeError(f"/generate failed with HTTP {r.status}: {raw[:300]!r}")
+    gc.disable()
+    try:
+        return orjson.loads(raw)
+    finally:
+        gc.enable()
+
+
 class RawClient:
     """The ceiling for any client: aiohttp POSTs straight to /generate, orjson to decode, nothing else.
 
@@ -498,7 +514,6 @@ class RawClient:
 
     async def _post(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         import aiohttp
-        import orjson
 
         from rlgen.client._http import KEEPALIVE_S  # as rlgen: idle connections go before uvicorn drops them
 
@@ -506,16 +521,7 @@ class RawClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
-        async with self._session.post(self.url + "/generate", data=orjson.dumps(body),
-                                      headers={"Content-Type": "application/json"}) as resp:
-            raw = await resp.read()
-            if resp.status >= 400:
-                raise RuntimeError(f"/generate failed with HTTP {resp.status}: {raw[:300]!r}")
-        gc.disable()
-        try:
-            return _entries(orjson.loads(raw))
-        finally:
-            gc.enable()
+        return _entries(await post_generate(self._session, self.url, body))
 
     def _gather(self, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
         async def all_of() -> list[list[dict[str, Any]]]:

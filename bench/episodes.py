@@ -294,25 +294,6 @@ async def _env_step(env: Callable[..., Any], messages: list[dict[str, Any]], dat
 
 
 
-async def _post_generate(session: Any, url: str, payload: dict[str, Any]) -> Any:
-    """One POST /generate of `payload` (orjson both ways, the cyclic GC paused while the answer is
-    decoded, as rlgen's client does); its decoded answer. Raises on an HTTP error."""
-    import gc
-
-    import orjson
-
-    async with session.post(url + "/generate", data=orjson.dumps(payload),
-                            headers={"Content-Type": "application/json"}) as r:
-        raw = await r.read()
-        if r.status >= 400:
-            raise RuntimeError(f"/generate failed with HTTP {r.status}: {raw[:300]!r}")
-    gc.disable()
-    try:
-        return orjson.loads(raw)
-    finally:
-        gc.enable()
-
-
 async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], tokenizer: Any, *, n: int, turns: int,
                    sampling: dict[str, Any], reply: str, env: Callable[..., Any] | None = None,
                    data: Sequence[Any] | None = None, pool: Executor | None = None,
@@ -346,7 +327,7 @@ async def lockstep(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], token
             payload = {"input_ids": [ids[e] for e in running], "sampling_params": sampling, "return_logprob": True}
             if rid is not None:
                 payload["rid"] = [f"{rid}{e}-{turn}" for e in running]
-            answers = await _post_generate(session, url, payload)
+            answers = await C.post_generate(session, url, payload)
             if not isinstance(answers, list) or len(answers) != len(running):
                 raise RuntimeError(f"/generate answered {type(answers).__name__} for {len(running)} histories")
             sizes.append(len(answers))
@@ -420,7 +401,7 @@ async def per_episode(url: str, chats: Sequence[Sequence[Mapping[str, Any]]], to
             payload = {"input_ids": ids, "sampling_params": sampling, "return_logprob": True}
             if rid is not None:
                 payload["rid"] = f"{rid}{e}-{turn}"
-            answer = await _post_generate(session, url, payload)
+            answer = await C.post_generate(session, url, payload)
             if isinstance(answer, list) and len(answer) == 1:
                 answer = answer[0]
             out = answer["output_ids"]

@@ -32,9 +32,18 @@ from .core._errors import (
     WeightsError,
     WorkerRequestError,
 )
-from .core._options import GenerateOptions, LoraOptions, RewardOptions, SamplingOptions, StreamOptions
+from .core._options import (
+    GenerateOptions,
+    JobResultOptions,
+    LoraOptions,
+    PauseOptions,
+    RewardOptions,
+    SamplingOptions,
+    StreamOptions,
+)
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
 from .engine._engine import Engine
+from .engine._jobs import GenerationJob, JobProgress, PartialRollouts
 from .engine._lifecycle import EngineState
 from .episodes._episodes import Episodes
 from .rollout_log._log import RolloutLog
@@ -55,10 +64,15 @@ __all__ = [
     "EngineState",
     "Episodes",
     "GenerateOptions",
+    "GenerationJob",
+    "JobProgress",
+    "JobResultOptions",
     "LogError",
     "LogprobShift",
     "LoraOptions",
     "ModelError",
+    "PartialRollouts",
+    "PauseOptions",
     "Prompt",
     "Prompts",
     "RequestError",
@@ -90,7 +104,7 @@ __all__ = [
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
 for _obj in (Engine, EngineState, Episodes, Rollouts, RolloutLog, LogError, RewardDiff, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
-             SamplerMismatch, sampler_vs_trainer,
+             SamplerMismatch, sampler_vs_trainer, GenerationJob, PartialRollouts,
              reap, resolve_model, RlgenError, AdapterError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from _cpu_server_process import READY_LINE, Server, free_port, post
+from _streams import Stream
 
 torch = pytest.importorskip("torch")
 
@@ -52,42 +53,6 @@ def server(model_path: str) -> Iterator[Server]:
         yield srv
     finally:
         srv.kill()
-
-
-class Stream:
-    """A streamed /generate read on its own thread: the HTTP status once the headers came, then
-    every chunk (parsed) until [DONE]."""
-
-    def __init__(self, server: Server, body: dict[str, Any]) -> None:
-        self.status: int | None = None
-        self.chunks: list[dict[str, Any]] = []
-        self._done = threading.Event()
-        data = json.dumps({**body, "stream": True}).encode()
-        self._request = urllib.request.Request(server.url + "/generate", data=data, method="POST",
-                                               headers={"Content-Type": "application/json"})  # fmt: skip
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            with urllib.request.urlopen(self._request, timeout=120) as response:
-                self.status = response.status
-                for raw in response:
-                    line = raw.decode().strip()
-                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        self.chunks.append(json.loads(line[5:]))
-        finally:
-            self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait_tokens(self, n: int, timeout: float = 60) -> None:
-        _until(lambda: bool(self.chunks) and len(self.chunks[-1].get("output_ids", [])) >= n, timeout)
-
-    def final(self, timeout: float = 60) -> dict[str, Any]:
-        assert self._done.wait(timeout), "the stream did not end"
-        return self.chunks[-1]
 
 
 class Call:
@@ -149,10 +114,10 @@ def _assert_serves(server: Server) -> None:
 @pytest.mark.timeout(180)
 def test_pause_abort_answers_every_request_with_its_tokens_so_far_and_holds_new_ones(server: Server, tok: Any) -> None:
     _set_version(server, "v-abort")
-    streamed = Stream(server, _body("Tell me a long story.", LONG, return_logprob=True))
+    streamed = Stream(server.url, _body("Tell me a long story.", LONG, return_logprob=True))
     whole = Call(server, "/generate", _body("Count to a thousand:", LONG, return_logprob=True))
     _until(lambda: _loads(server)[0] == 2, 60)
-    queued = Stream(server, _body("Waiting in line.", LONG))  # a third: the scheduler's queue
+    queued = Stream(server.url, _body("Waiting in line.", LONG))  # a third: the scheduler's queue
     _until(lambda: _loads(server) == (2, 1), 60)
     streamed.wait_tokens(3)
     _pause(server, {"mode": "abort"})
@@ -186,7 +151,7 @@ def test_requests_held_at_the_gate_when_an_abort_pause_comes_get_499_at_continue
     _pause(server, {})  # an empty JSON body means "abort"
     try:
         whole = Call(server, "/generate", _body("Held 1.", 4, rid="held-whole"))
-        streamed = Stream(server, _body("Held 2.", 4, rid="held-stream"))
+        streamed = Stream(server.url, _body("Held 2.", 4, rid="held-stream"))
         _until(lambda: streamed.status is not None, 10)  # a stream's 200 and headers come at once
         assert streamed.status == 200 and not whole.done
         _pause(server, {"mode": "abort"})  # marks the held requests aborted
@@ -201,7 +166,7 @@ def test_requests_held_at_the_gate_when_an_abort_pause_comes_get_499_at_continue
 
 @pytest.mark.timeout(120)
 def test_a_retracted_request_aborted_in_the_queue_keeps_its_tokens(server: Server, tok: Any) -> None:
-    streamed = Stream(server, _body("Once upon a time", LONG))
+    streamed = Stream(server.url, _body("Once upon a time", LONG))
     whole = Call(server, "/generate", _body("The capital of France is", LONG, return_logprob=True))
     _until(lambda: _loads(server)[0] == 2, 60)
     streamed.wait_tokens(3)
@@ -234,7 +199,7 @@ def test_a_greedy_request_paused_in_place_gives_the_tokens_of_an_unpaused_one(se
     body = _body("The history of the printing press", 64)
     status, reference = post(server.url + "/generate", body)
     assert status == 200
-    streamed = Stream(server, body)
+    streamed = Stream(server.url, body)
     streamed.wait_tokens(5)
     _pause(server, {"mode": "in_place"})
     try:
@@ -255,7 +220,7 @@ def test_a_greedy_request_paused_in_place_gives_the_tokens_of_an_unpaused_one(se
 def test_an_update_while_paused_in_place_runs_at_once_and_later_answers_carry_its_version(
         server: Server, model_path: str) -> None:
     _set_version(server, "v-before")
-    streamed = Stream(server, _body("A recipe for bread:", 64))
+    streamed = Stream(server.url, _body("A recipe for bread:", 64))
     streamed.wait_tokens(3)
     _pause(server, {"mode": "in_place"})
     try:
@@ -289,7 +254,7 @@ def test_an_update_while_paused_in_place_runs_at_once_and_later_answers_carry_it
 def test_retract_sends_a_request_back_to_the_queue_and_it_finishes_whole_after_continue(
         server: Server, model_path: str) -> None:
     _set_version(server, "v-r0")
-    streamed = Stream(server, _body("The rules of chess", 64, return_logprob=True))
+    streamed = Stream(server.url, _body("The rules of chess", 64, return_logprob=True))
     streamed.wait_tokens(3)
     _pause(server, {"mode": "retract"})
     try:
@@ -317,14 +282,14 @@ def test_retract_sends_a_request_back_to_the_queue_and_it_finishes_whole_after_c
 @pytest.mark.timeout(120)
 def test_an_update_waits_for_running_requests_unless_it_aborts_them(server: Server, model_path: str) -> None:
     _set_version(server, "v-u0")
-    streamed = Stream(server, _body("Ten facts about owls:", 40))
+    streamed = Stream(server.url, _body("Ten facts about owls:", 40))
     streamed.wait_tokens(3)
     status, _ = post(server.url + "/update_weights_from_disk", {"model_path": model_path, "weight_version": "v-u1"})
     assert status == 200 and streamed.done  # SGLang's model_update_lock: the update waited for it
     final = streamed.final()
     assert final["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
     assert final["meta_info"]["weight_version"] == "v-u0"
-    streamed = Stream(server, _body("Ten facts about cats:", LONG))
+    streamed = Stream(server.url, _body("Ten facts about cats:", LONG))
     streamed.wait_tokens(3)
     body = {"model_path": model_path, "weight_version": "v-u2", "abort_all_requests": True}
     assert post(server.url + "/update_weights_from_disk", body)[0] == 200

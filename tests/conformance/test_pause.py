@@ -9,13 +9,11 @@ tests/test_cpu_server_pause.py checks the CPU backend's side in detail.
 from __future__ import annotations
 
 import itertools
-import json
-import threading
 import time
-import urllib.request
 from typing import Any
 
 import pytest
+from _streams import Stream
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(600)]
 
@@ -26,38 +24,6 @@ CONTINUED = {"message": "Generation continued successfully.", "status": "ok"}
 def _budget(target: Any) -> int:
     """max_new_tokens of a request that must still be running a while after its first token."""
     return 4000 if target.backend == "sglang" else 160
-
-
-class _Stream:
-    """A streamed /generate read on its own thread, its chunks kept as they arrive."""
-
-    def __init__(self, target: Any, body: dict[str, Any]) -> None:
-        self.chunks: list[dict[str, Any]] = []
-        self._done = threading.Event()
-        data = json.dumps({**body, "stream": True}).encode()
-        self._request = urllib.request.Request(target.url + "/generate", data=data, method="POST",
-                                               headers={"Content-Type": "application/json"})  # fmt: skip
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            with urllib.request.urlopen(self._request, timeout=300) as response:
-                for raw in response:
-                    line = raw.decode().strip()
-                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        self.chunks.append(json.loads(line[5:]))
-        finally:
-            self._done.set()
-
-    def wait_first_token(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not (self.chunks and self.chunks[-1].get("output_ids")):
-            assert time.monotonic() < deadline and not self._done.is_set(), "no first token"
-            time.sleep(0.01)
-
-    def final(self, timeout: float = 300) -> dict[str, Any]:
-        assert self._done.wait(timeout), "the stream did not end"
-        return self.chunks[-1]
 
 
 def _body(prompt: str, max_new_tokens: int) -> dict[str, Any]:
@@ -74,8 +40,8 @@ def test_pause_and_continue_answer_their_bodies_and_an_unknown_mode_is_a_400(tar
 
 def test_a_request_running_when_an_abort_pause_comes_ends_with_abort_and_its_tokens(target) -> None:
     budget = _budget(target)
-    stream = _Stream(target, _body("Tell me a very long story.", budget))
-    stream.wait_first_token()
+    stream = Stream(target.url, _body("Tell me a very long story.", budget))
+    stream.wait_tokens(1, timeout=120)
     try:
         assert target.post("/pause_generation", {"mode": "abort"}) == (200, PAUSED)
         final = stream.final(timeout=30)
@@ -91,8 +57,8 @@ def test_a_request_running_when_an_abort_pause_comes_ends_with_abort_and_its_tok
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
 def test_a_request_running_when_the_pause_comes_finishes_whole_after_continue(target, mode: str) -> None:
     budget = _budget(target)
-    stream = _Stream(target, _body("Write out the alphabet, many times.", budget))
-    stream.wait_first_token()
+    stream = Stream(target.url, _body("Write out the alphabet, many times.", budget))
+    stream.wait_tokens(1, timeout=120)
     try:
         assert target.post("/pause_generation", {"mode": mode}) == (200, PAUSED)
         time.sleep(0.5)
@@ -101,7 +67,7 @@ def test_a_request_running_when_the_pause_comes_finishes_whole_after_continue(ta
         assert len(stream.chunks) == paused_at and not stream._done.is_set()
     finally:
         assert target.post("/continue_generation", {}) == (200, CONTINUED)
-    final = stream.final()
+    final = stream.final(timeout=300)
     meta = final["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": budget} and len(final["output_ids"]) == budget
     assert meta["num_retractions"] == (1 if mode == "retract" else 0)

@@ -33,6 +33,19 @@ def _mixed(path: Path) -> rlgen.RolloutLog:
     return log
 
 
+def _listings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[str, ...], str]]:
+    """From now on, every `Store.list` call's (folder names, prefix), in order."""
+    listed: list[tuple[tuple[str, ...], str]] = []
+    real = Store.list
+
+    def spy(self: Store, *names: str, prefix: str = "") -> list[str]:
+        listed.append((names, prefix))
+        return real(self, *names, prefix=prefix)
+
+    monkeypatch.setattr(Store, "list", spy)
+    return listed
+
+
 def _from_rows(log: rlgen.RolloutLog, threshold: float = 1.0) -> pd.DataFrame:
     rows = log.rows(columns=["prompt_index", "completion_tokens", "finish_reason", "reward"])
     return trend_table(rows, rows["reward"].to_numpy(dtype=float), threshold=threshold)
@@ -108,14 +121,7 @@ def test_a_steps_rows_are_listed_by_its_prefix_not_the_whole_folder(tmp_path: Pa
     for step in range(12):
         log.append(step, scored([["yes", "no"]]))
     log.append(5, scored([["no", "no"]]), name="eval")
-    listed: list[tuple[tuple[str, ...], str]] = []
-    real = Store.list
-
-    def spy(self: Store, *names: str, prefix: str = "") -> list[str]:
-        listed.append((names, prefix))
-        return real(self, *names, prefix=prefix)
-
-    monkeypatch.setattr(Store, "list", spy)
+    listed = _listings(monkeypatch)
     rows = log.rows(steps=5, columns=["reward"])
     assert listed == [(("parts",), "step-000000005.")]
     assert sorted(rows["reward"].tolist()) == [0.0, 0.0, 0.0, 1.0] and set(rows["step"]) == {5}
@@ -150,14 +156,7 @@ def test_every_256th_append_of_a_log_object_indexes_the_summaries_and_a_reader_t
     log.append(255, res)  # the 256th part: its summaries and the 255 before go into one index
     assert len(list(folder.glob("index-*.json"))) == 1
     log.append(256, res)  # after the index: read by its name
-    listed: list[tuple[tuple[str, ...], str]] = []
-    real = Store.list
-
-    def spy(self: Store, *names: str, prefix: str = "") -> list[str]:
-        listed.append((names, prefix))
-        return real(self, *names, prefix=prefix)
-
-    monkeypatch.setattr(Store, "list", spy)
+    listed = _listings(monkeypatch)
     fresh = rlgen.RolloutLog(tmp_path / "run")
     trend = fresh.trend()
     assert len(trend) == 257 and trend["reward"].tolist() == [0.5] * 257

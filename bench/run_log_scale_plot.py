@@ -1,10 +1,14 @@
-"""The scale plot of this folder's runs: each scale scenario's median seconds (bars: min-max of the
-runs) against the log's rows, 100k and 1M. `python docs/bench-cpu/2026-12-05t-run-log/plot.py`."""
+"""The scale plot of `bench/run_log.py --phases scale` runs: each scale scenario's median seconds
+(bars: min-max of the runs) against the log's rows. Not a benchmark: it draws saved JSONs.
+
+    python bench/run_log_scale_plot.py OUT.png RUN.json [RUN.json ...]
+"""
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -12,16 +16,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-HERE = Path(__file__).resolve().parent
-RUNS = ["run_log-100k-rescore-scale.json", "run_log-1m-rescore-scale.json"]
 
-
-def main() -> None:
+def main(out: Path, runs: list[Path]) -> None:
     by: dict[str, list[tuple[int, float, float, float]]] = {}
-    for name in RUNS:
-        path = HERE / name
-        if not path.exists():
-            continue
+    for path in runs:
         data = json.loads(path.read_text())
         for scenario, runs in data.get("scale", {}).items():
             if not isinstance(runs, list):
@@ -42,8 +40,8 @@ def main() -> None:
     ax.set_title("RolloutLog at scale (2-core shared CPU; moto for S3)", fontsize="medium")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(HERE / "scale.png", dpi=110)
+    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]), [Path(a) for a in sys.argv[2:]])
