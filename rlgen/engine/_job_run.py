@@ -91,7 +91,9 @@ class JobRun:
 
     @property
     def tokens(self) -> int:
-        return sum(len(s.ids) for s in self.samples)
+        """Tokens sampled so far: the samples' finished segments, and what the requests in flight
+        have streamed (a lower bound: a request streams its first token's chunk and its last)."""
+        return sum(len(s.ids) for s in self.samples) + sum(self.received.values())
 
     # -- the pause's side (on the loop) ---------------------------------------------------------
     def updated(self, version: int, mode: str) -> None:
