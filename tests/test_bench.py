@@ -666,3 +666,63 @@ def test_the_in_process_episodes_bench_weighs_each_piece_and_puts_it_back(model_
     assert sorted(data["ms"]) == ["episodes", "episodes-nocontain", "lockstep"]
     assert all(len(v) == 1 and v[0] > 0 for v in data["ms"].values())
     assert set(data["differences"]) == {"episodes - lockstep", "saved by episodes-nocontain"}
+
+
+# ---------------------------------------------------------------------------------------------
+# bench/offpolicy.py: issue 46's performance bench, a smoke run on the CPU backend (4 prompts x 8
+# tokens, 2 repeats: too few runs for an interval, so every verdict is n/a) and its report again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_offpolicy_bench_runs_both_phases_on_the_cpu_backend_and_reports_again(isolated: str, model_path: str,
+                                                                              tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "offpolicy.py"
+    out = tmp_path / "offpolicy.json"
+    done = subprocess.run([sys.executable, str(script), "--backend", "cpu", "--quick", "--prompts", "4",
+                           "--max-new-tokens", "8", "--repeats", "2", "--model", model_path, "--out", str(out)],
+                          capture_output=True, text=True, timeout=140)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["complete"] and "error" not in data, data.get("error")
+    assert data["sizes"]["stream_interval"] == 3 and data["trainer_model"]["push"] == "tensor"
+    span = data["span"]["methods"]
+    assert list(span) == ["none", "abort", "retract", "in_place", "push"] and not data["span"]["cut_short"]
+    for name, result in span.items():
+        assert result["error"] is None and len(result["runs"]) == 2, (name, result.get("error"))
+        for run in result["runs"]:
+            assert run["wrong"] is None and run["checks"] == [], (name, run)
+            assert run["version_after"] == run["version_before"] + (name != "none")
+            if name == "push":
+                assert run["update_s"] > 0
+                continue
+            before, by_version = run["version_before"], run["tokens_by_version"]
+            assert run["tokens"] == sum(by_version.values()) == 4 * 8  # every token sampled once, with its version
+            if name == "none":
+                assert by_version == {str(before): 32} and run["update_s"] is None
+            else:  # old tokens first, then the new version's to every row's end
+                assert set(by_version) == {str(before), str(before + 1)} and run["rows_ending_new"] == 4
+                assert run["update_s"] > 0 and run["trigger"]["streamed"] >= 0.3 * 32 and not run["trigger"].get("late")
+    assert all(r["n_segments_max"] >= 2 and r["reprefill_tokens"] > 0 for r in span["abort"]["runs"])
+    assert all(r["num_retractions_sum"] >= 1 for r in span["retract"]["runs"])
+    assert all(r["n_segments_max"] == 1 and r["num_retractions_sum"] == 0 for r in span["in_place"]["runs"])
+    assert data["span"]["fastest"]["fastest"] in ("abort", "retract", "in_place")
+    trainer = data["trainer"]
+    assert trainer["rollouts"]["wrong"] is None and trainer["rollouts"]["scored_tokens"] == 32
+    for name in ("sampler_vs_trainer", "forward"):
+        assert trainer["methods"][name]["error"] is None and len(trainer["methods"][name]["runs"]) == 2
+    assert trainer["mismatch"]["tokens"] == 32 and abs(trainer["mismatch"]["k3_kl"]) < 1e-3  # the same float32 weights
+    targets = [t["target"] for t in data["targets"]]
+    assert len(targets) == 7 and all(t["verdict"] == "n/a" for t in data["targets"])  # 2 runs: no interval
+    assert [t.split(":")[0] for t in targets[:6]] == ["abort", "retract", "in_place"] * 2
+    assert targets[6].startswith("sampler_vs_trainer")
+    assert data["environment"]["command"].endswith(str(out)) and data["environment"]["rlgen_commit"]["commit"]
+    for text in ("span: every run", "Targets, span", "Fastest mode", "Targets, trainer"):
+        assert text in done.stdout
+    again = subprocess.run([sys.executable, str(script), "--report-only", str(out), "--out", str(tmp_path / "again.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((tmp_path / "again.json").read_text())["targets"] == data["targets"]
