@@ -177,14 +177,8 @@ class Trainer:
 
 
 def streamed(job: Any) -> int:
-    """The tokens the job has sampled so far: its answered requests' (`progress.tokens`) plus what
-    its requests in flight have streamed (JobRun.received: the progress does not count them)."""
-    received = job._run.received
-    for _ in range(10):
-        try:
-            return int(job.progress.tokens) + sum(list(received.values()))
-        except RuntimeError:  # the loop thread changed the dict while it was read
-            continue
+    """The tokens the job has sampled so far (`progress.tokens`: its answered requests' and what its
+    requests in flight have streamed, every `stream_interval` tokens)."""
     return int(job.progress.tokens)
 
 

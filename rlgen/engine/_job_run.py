@@ -92,8 +92,10 @@ class JobRun:
     @property
     def tokens(self) -> int:
         """Tokens sampled so far: the samples' finished segments, and what the requests in flight
-        have streamed (a lower bound: a request streams its first token's chunk and its last)."""
-        return sum(len(s.ids) for s in self.samples) + sum(self.received.values())
+        have streamed (a lower bound: a request streams its first token's chunk and its last, unless
+        `stream_interval` asks for more). Read from other threads: `list()` copies the dict's values in
+        one step under the GIL, where iterating it could meet the loop thread's change."""
+        return sum(len(s.ids) for s in self.samples) + sum(list(self.received.values()))
 
     # -- the pause's side (on the loop) ---------------------------------------------------------
     def updated(self, version: int, mode: str) -> None:
