@@ -35,6 +35,7 @@ from ..server._handle import AttachedServer, Fleet, ServerHandle
 from . import _adapters, _episodes, _generation, _jobs, _lifecycle, _scoring, _weights
 from ._adapter_choice import Adapter, AdapterSet
 from ._connection import Connection
+from ._episodes import EpisodesJob
 from ._jobs import GenerationJob, PartialRollouts
 from ._lifecycle import EngineState
 from ._memory import ServerControl
@@ -617,6 +618,26 @@ class Engine:
         except (TypeError, ValueError) as err:
             raise err.with_traceback(None) from None
         return _episodes.episodes(self._conn, self._provenance, self._keep_episodes, prompts, env=env, opts=opts)
+
+    def submit_episodes(self, prompts: Any, *, env: Any, **options: Unpack[EpisodeOptions]) -> EpisodesJob:
+        """Start `episodes(prompts, env=env, **options)` in the background; returns an `EpisodesJob`
+        at once: `job.result(timeout=None)` (the `Episodes`), `job.done()`, `job.cancel()`,
+        `job.progress` (episodes ended / total, turns, tokens, updates).
+
+        While it runs, `update_weights(...)` / `update_weights_from_disk(...)` / `load_adapter(...)`
+        pause the server's generation (`pause=`, default "abort" while it runs), push, and continue;
+        a turn whose request the pause ended goes on as the same sequence (its tokens so far sent
+        as ids with the rest of its budget): no turn is cut short, no token sampled twice.
+        docs/generation.md, "Jobs that span a weight update".
+
+        Raises:
+            TypeError / ValueError: bad prompts, env, data or options (nothing was sent).
+        """
+        try:  # checked here, so a mistyped option's traceback is the caller's line and this one
+            opts = _options.resolve(EpisodeOptions, options)
+        except (TypeError, ValueError) as err:
+            raise err.with_traceback(None) from None
+        return _episodes.submit_episodes(self._job_parts, self._keep_episodes, prompts, env=env, opts=opts)
 
     def _keep_episodes(self, episodes: Episodes) -> None:
         self.last_episodes = episodes

@@ -21,6 +21,12 @@ The stops: "done", "max_turns", "context_limit", the environment's failure statu
 "template_error", "request_error". Timing is not threaded through the steps: a benchmark passes a
 `Tracer`, called at each step's edges.
 
+A turn of a call given `TurnPauses` (a background call of the Engine's, which weight updates pause)
+is one `client._continuation.Continued` sample: its requests wait at the pause gate, and a request
+a pause's abort ended (finish "abort", or turned away: HTTP 499) goes on as the same sequence, the
+turn's tokens so far sent back as ids with the rest of its budget (`_continued_answer`), so the
+turn is never cut short nor a token of it sampled twice; its answer is the continued sample's entry.
+
 Also owns what every episode of one call shares (`EpisodeCall`: the tokenizer, the environment, the
 sender, the limits, one delta renderer, the sampling parameters of each turn). Requests go through
 the one client-side sender (`client._sender.Sender`: rids, batching, aborts); SGLang's answer is
@@ -35,21 +41,44 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..client._answer import read_answer, seeded_sampling
-from ..client._sender import Sender
+from ..client._continuation import Continued, StopRules
+from ..client._sender import Sender, new_rid
 from ..core._errors import RequestError
 from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
 from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
-__all__ = ["Episode", "EpisodeCall", "SampledTurn", "Tracer", "sample_turn", "text_ids"]
+__all__ = ["Episode", "EpisodeCall", "SampledTurn", "Tracer", "TurnPauses", "sample_turn", "text_ids"]
 
 # Called, when a benchmark gives one, with an event, the episode's record and the turn:
 # "request" (the turn's request is about to be sent), "answer" (its answer was taken), "env" (the
 # environment's step is about to run), "reply" (it returned).
 Tracer = Callable[[str, EpisodeRecord, int], None]
+
+
+class TurnPauses(Protocol):
+    """The pauses a background call's turns live with (the Engine's, seen from here): the gate a
+    request waits at, the pause epoch, the served version index, and what a failed request is."""
+
+    eos_ids: Sequence[int]
+
+    @property
+    def epoch(self) -> int:
+        """Pauses made so far."""
+
+    @property
+    def version(self) -> int:
+        """The served weights' version index now."""
+
+    async def ready(self) -> None:
+        """Return once a request may be sent (no pause in force)."""
+
+    async def resend(self, error: RequestError, epoch: int) -> bool:
+        """Whether a request sent at pause epoch `epoch` that failed with `error` was turned away by
+        a pause and goes again (after a short wait): else the failure is the turn's."""
 
 
 def text_ids(sampled: list[int], eos: int) -> list[int]:
@@ -65,8 +94,9 @@ class EpisodeCall:
 
     def __init__(self, tokenizer: Any, environment: Environment, sender: Sender, *, max_turns: int,
                  max_new_tokens: int, context_length: int | None, sampling: Mapping[str, Any] | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, pauses: TurnPauses | None = None) -> None:
         self.tokenizer, self.environment, self.sender = tokenizer, environment, sender
+        self.pauses = pauses  # a background call's: its turns wait out pauses and go on across them
         self.max_turns, self.max_new_tokens, self.context_length = max_turns, max_new_tokens, context_length
         self.params, self.tracer = dict(sampling or {}), tracer
         self.eos = eos_id(tokenizer)
@@ -138,7 +168,11 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
     sent = len(record.ids)
     call.trace("request", record, turn)
     try:  # the request's own copy of the ids: whatever keeps the payload never sees the record grow
-        answer, latency = await call.sender.sample(list(record.ids), call.sampling(budget, record.sample_index))
+        params = call.sampling(budget, record.sample_index)
+        if call.pauses is None:
+            answer, latency = await call.sender.sample(list(record.ids), params)
+        else:
+            answer, latency = await _continued_answer(call, call.pauses, list(record.ids), params)
     except RequestError as e:
         return "request_error", f"turn {turn}: {e}"
     call.trace("answer", record, turn)
@@ -157,6 +191,44 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
                 prompt_tokens=int(read.prompt_tokens or sent), latency_s=latency, rid=read.rid,
                 weight_version=read.weight_version, matched_stop=read.matched_stop)
     return SampledTurn(said, sampled, lps, read.finish, read.rid, sent)
+
+
+async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int], params: dict[str, Any]
+                            ) -> tuple[dict[str, Any], float]:
+    """A turn's answer across pauses: the turn as one `Continued` sample, its requests sent through
+    the call's sender once the pause gate is open, each answer kept (an abort: the tokens so far,
+    and the rest sent as the same sequence), a request a pause turned away sent again; the sample
+    as one SGLang entry (the finish normalised: an aborted segment at the budget is "length", one
+    ending on an EOS / stop token "stop") and the seconds it took.
+
+    Raises:
+        RequestError: a request failed other than by a pause."""
+    import time
+
+    rules = StopRules.of(params, eos_ids=pauses.eos_ids, context_length=call.context_length)
+    sample = Continued(ids, params, rules)
+    started = time.perf_counter()
+
+    def decode(tokens: list[int], skip_special_tokens: bool) -> str:
+        return str(call.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))
+
+    while not sample.done:
+        request, sampling = sample.next_request()
+        rid, epoch = new_rid(), pauses.epoch
+        segment = sample.open(rid, pauses.version)
+        try:
+            entry, _ = await call.sender.sample(request, sampling, rid=rid, ready=pauses.ready)
+        except RequestError as err:
+            sample.drop_open()
+            if await pauses.resend(err, epoch):
+                continue
+            raise
+        answer = read_answer(entry)
+        if answer.finish == "error" and not answer.ids() and pauses.epoch != epoch:
+            sample.drop_open()  # a pause turned it away inside a batch that went on
+            continue
+        sample.close(answer, answered_version=segment.sent_version, decode=decode)
+    return sample.entry(decode), time.perf_counter() - started
 
 
 def env_turn(turn: int, reply: EnvReply, tokens: int = 0) -> Turn:

@@ -28,7 +28,7 @@ from ..client._http import Client
 from ..client._prompts import CHAT_ROLES
 from ..client._sender import Sender, gather_or_abort
 from ._env import as_environment
-from ._episode import Episode, EpisodeCall, Tracer
+from ._episode import Episode, EpisodeCall, Tracer, TurnPauses
 from ._result import EpisodeRecord, data_columns
 from ._template import check_template
 
@@ -125,7 +125,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                        records: list[EpisodeRecord] | None = None,
                        on_episode: Any = None, batch_turns: bool = True,
-                       tracer: Tracer | None = None) -> list[EpisodeRecord]:
+                       tracer: Tracer | None = None, pauses: TurnPauses | None = None) -> list[EpisodeRecord]:
     """Run `n` episodes per prompt (all concurrently, at most `max_in_flight` requests at once).
 
     Args:
@@ -150,6 +150,9 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
             so that each turn is answered as soon as its own sample ends (`client._sender`: SGLang
             serves a batch much faster than as many single requests); False: one request per turn.
         tracer: called at each step's edges (`_episode.Tracer`), for benchmarks; None: nothing is timed.
+        pauses: a background call's pauses (`_episode.TurnPauses`): each turn's requests wait at
+            their gate, and a turn a pause's abort ended goes on as the same sequence; None: a
+            turn the server aborted ends its episode "request_error".
 
     Raises (before anything is sent):
         TypeError / ValueError: a count below 1, an env, data or env_timeout `as_environment` /
@@ -168,7 +171,7 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     sender = Sender(client, max_in_flight=max_in_flight, batch=batch_turns,
                     members=len(prompts) * n if environment.loop is None else None)
     call = EpisodeCall(tokenizer, environment, sender, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                       context_length=context_length, sampling=sampling, tracer=tracer)
+                       context_length=context_length, sampling=sampling, tracer=tracer, pauses=pauses)
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
     await _run_all(call, prompts, out, on_episode)
