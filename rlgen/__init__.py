@@ -43,6 +43,7 @@ from .core._options import (
 )
 from .core._types import Chat, ChatMessage, Prompt, Prompts, TokenIds
 from .engine._engine import Engine
+from .engine._episodes import EpisodesJob, EpisodesProgress
 from .engine._jobs import GenerationJob, JobProgress, PartialRollouts
 from .engine._lifecycle import EngineState
 from .episodes._episodes import Episodes
@@ -63,6 +64,8 @@ __all__ = [
     "EngineError",
     "EngineState",
     "Episodes",
+    "EpisodesJob",
+    "EpisodesProgress",
     "GenerateOptions",
     "GenerationJob",
     "JobProgress",
@@ -104,7 +107,7 @@ __all__ = [
 
 # Show public classes and functions as `rlgen.X` in reprs and tracebacks (as httpx does).
 for _obj in (Engine, EngineState, Episodes, Rollouts, RolloutLog, LogError, RewardDiff, compare_logprobs, compare, LogprobShift, ab, ABReport, list_servers,
-             SamplerMismatch, sampler_vs_trainer, GenerationJob, PartialRollouts,
+             SamplerMismatch, sampler_vs_trainer, GenerationJob, PartialRollouts, EpisodesJob,
              reap, resolve_model, RlgenError, AdapterError, EngineError, ModelError, ServerStartupError, ServerStartupTimeout,
              ServerDiedError, EngineClosedError, RequestError, ServerRequestError, RequestTimeout, WeightsError, WorkerRequestError):
     _obj.__module__ = "rlgen"

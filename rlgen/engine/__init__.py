@@ -12,7 +12,8 @@ concept: construction and lifecycle (`_lifecycle`, `_startup`), generation and s
 from __future__ import annotations
 
 from ._engine import Engine
+from ._episodes import EpisodesJob, EpisodesProgress
 from ._jobs import GenerationJob, JobProgress, PartialRollouts
 from ._lifecycle import EngineState
 
-__all__ = ["Engine", "EngineState", "GenerationJob", "JobProgress", "PartialRollouts"]
+__all__ = ["Engine", "EngineState", "EpisodesJob", "EpisodesProgress", "GenerationJob", "JobProgress", "PartialRollouts"]

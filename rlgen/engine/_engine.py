@@ -335,7 +335,7 @@ class Engine:
             return
         if self._state is EngineState.READY and self._pauses.jobs:
             with contextlib.suppress(Exception):
-                _jobs.stop_all(self._pauses)  # their requests aborted before the client closes
+                self._pauses.close_jobs("the Engine was closed")  # their requests aborted before the client closes
         self._state = EngineState.CLOSED
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
 from ..client._continuation import eos_token_ids
@@ -138,6 +138,7 @@ class _EpisodePauses:
     def __init__(self, pauses: Pauses, weights: ServedWeights, eos_ids: list[int]) -> None:
         self._pauses, self._weights, self.eos_ids = pauses, weights, eos_ids
         self.updates = 0  # weight updates made while it ran
+        self.on_close: Callable[[], Awaitable[None]] | None = None  # the job's cancel, once it runs
 
     @property
     def epoch(self) -> int:
@@ -160,6 +161,11 @@ class _EpisodePauses:
         """A weight update was made while the episodes run: nothing to record (a turn's request a
         pause aborted is continued by the turn itself)."""
         self.updates += 1
+
+    async def close(self, reason: str) -> None:
+        """The Engine closes: the episodes are cancelled (`EpisodesJob.cancel`)."""
+        if self.on_close is not None:
+            await self.on_close()
 
 
 class EpisodesProgress(NamedTuple):
@@ -198,6 +204,7 @@ class EpisodesJob:
         self._t0 = time.perf_counter()
         self._task: asyncio.Future[list[EpisodeRecord]] | None = None
         self._cancelled = False
+        self._listener.on_close = self._cancel
         self._result: Episodes | None = None
         self._future = asyncio.run_coroutine_threadsafe(self._main(), _loop.get_loop())
 

@@ -197,6 +197,10 @@ class JobRun:
         sample.close(answer, answered_version=answered, decode=self.decode)
 
     # -- stopping -------------------------------------------------------------------------------------
+    async def close(self, reason: str) -> None:
+        """The Engine closes: `cancel`."""
+        await self.cancel(reason)
+
     async def cancel(self, message: str) -> None:
         """Stop every unfinished sample (`stop`), and end each as "abort" with what it sampled."""
         self.cancelled = True

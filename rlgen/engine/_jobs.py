@@ -40,7 +40,7 @@ from ._served import ServedWeights
 if TYPE_CHECKING:
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["GenerationJob", "JobParts", "JobProgress", "PartialRollouts", "stop_all", "submit"]
+__all__ = ["GenerationJob", "JobParts", "JobProgress", "PartialRollouts", "submit"]
 
 
 @dataclass(frozen=True)
@@ -155,13 +155,6 @@ def _regroup(group: Group) -> Group:
     """A recycled group for a new job (not taken there yet)."""
     return Group(prompt_ids=group.prompt_ids, samples=group.samples, text=group.text, chat=group.chat,
                  data=group.data, adapter=group.adapter)
-
-
-def stop_all(pauses: Pauses) -> None:
-    """Cancel every job that runs (the Engine closes): their requests aborted, their tokens kept."""
-    runs = [job for job in list(pauses.jobs) if isinstance(job, JobRun)]
-    for run in runs:
-        shielded(run.cancel("the Engine was closed"))
 
 
 # -- the handle ---------------------------------------------------------------------------------------

@@ -45,6 +45,9 @@ class UpdateListener(Protocol):
         """The served weights are now version index `version`, updated under pause `mode`; called
         on rlgen's loop before the server continues."""
 
+    async def close(self, reason: str) -> None:
+        """The Engine closes: stop, the requests in flight aborted and what was sampled kept."""
+
 
 @dataclass(frozen=True)
 class Ticket:
@@ -91,6 +94,12 @@ class Pauses:
 
     def unregister(self, job: UpdateListener) -> None:
         self.jobs.pop(job, None)
+
+    def close_jobs(self, reason: str) -> None:
+        """Stop every job that runs (generation and episodes alike: the Engine closes), each to
+        its end even under Ctrl-C, so no request is left running on the server."""
+        for job in list(self.jobs):
+            shielded(job.close(reason))
 
     async def wait_open(self) -> None:
         """Return once generation may be sent (at once when no pause is in force)."""

@@ -106,3 +106,15 @@ def test_cancel_and_bad_inputs(eng: rlgen.Engine) -> None:
         eng.submit_episodes([], env=again)
     with pytest.raises(ValueError):
         eng.submit_episodes(PROMPTS, env=again, n=0)
+
+
+@pytest.mark.timeout(120)
+def test_closing_the_engine_cancels_its_background_episodes(model_path: str) -> None:
+    eng = rlgen.Engine(model_path, backend="cpu", progress=False, env={"RLGEN_CPU_STEP_DELAY": "0.02"})
+    try:
+        job = eng.submit_episodes(PROMPTS, env=again, **{**KW, "max_new_tokens": 64})
+        time.sleep(0.3)
+    finally:
+        eng.close()
+    assert job.done() and job.state == "cancelled"
+    assert set(job.result(timeout=10).df.status) == {"cancelled"}
