@@ -120,6 +120,23 @@ def begin(doc: str | None, script: str, report: Callable[[Record], None], *, rep
     return args, model_path(args.model), Record(args.out, args, script)
 
 
+def measure_and_report(record: Record, measure: Callable[[], None], report: Callable[[Record], None]) -> None:
+    """The closing every measuring script shares: `measure()` (a failure is recorded with its
+    traceback, and what was measured before it is still reported), the report, the record saved
+    complete, and where it went."""
+    import traceback
+
+    try:
+        measure()
+    except Exception as err:  # report what there is
+        record["error"] = f"{type(err).__name__}: {err}"
+        record["traceback"] = traceback.format_exc(limit=10)
+        log(f"FAILED: {record['error']}")
+    report(record)
+    record.save(complete=True)
+    log(f"wrote {os.path.abspath(record.path)}")
+
+
 def repeats_of(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         return args.repeats

@@ -138,7 +138,6 @@ import argparse
 import asyncio
 import math
 import numbers
-import os
 import random
 import shlex
 import statistics
@@ -488,10 +487,13 @@ class RequestLog:
 
     async def generate_stream(self, payload: dict[str, Any]) -> Any:
         """The client's streamed /generate, passed through chunk by chunk; each item's answer time is
-        its finishing chunk's arrival (read before the chunk is handed on: the runner changes it)."""
+        its finishing chunk's arrival (read before the chunk is handed on: the runner changes it), and
+        the item is logged then: the runner may stop reading (closing its sender) once every item
+        has its answer, before the stream's own end."""
         inputs, rids = self._items(payload)
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
+        self.sizes.append(len(inputs))
         sent, wall_sent = time.perf_counter(), time.time()
         finals: dict[int, tuple[float, dict[str, Any]]] = {}
         try:
@@ -500,21 +502,19 @@ class RequestLog:
                     index, meta = chunk.get("index", 0), chunk.get("meta_info") or {}
                     if isinstance(index, int) and meta.get("finish_reason") is not None:
                         out = chunk.get("output_ids")
-                        finals[index] = (time.perf_counter(), {
+                        finals[index] = answered, one = (time.perf_counter(), {
                             "meta_info": dict(meta),
                             "output_ids": out if isinstance(out, list) and len(out) == meta.get("completion_tokens")
                             else None})
+                        if index < len(inputs):
+                            self._keep(sent, answered, inputs[index], one, rids[index])
                 yield chunk
         finally:
             self.in_flight -= 1
-        self.sizes.append(len(inputs))
-        for index, (answered, one) in sorted(finals.items()):
-            if index < len(inputs):
-                self._keep(sent, answered, inputs[index], one, rids[index])
-        if len(inputs) > 1 and finals:
-            last = max(t for t, _ in finals.values())
-            self.batches.append(batch_stamps([one for _, one in finals.values()], sent, last, wall_sent,
-                                             wall_sent + last - sent))
+            if len(inputs) > 1 and finals:
+                last = max(t for t, _ in finals.values())
+                self.batches.append(batch_stamps([one for _, one in finals.values()], sent, last, wall_sent,
+                                                 wall_sent + last - sent))
 
     @property
     def entries(self) -> list[tuple[float, float, Any, int, int, float | None]]:
@@ -1493,14 +1493,7 @@ def main() -> None:
     size["warmup_prompts"] = min(size["warmup_prompts"], size["prompts"])
     record.data.update(model=model, sizes=size, workloads={})
     record.save()
-    try:
-        measure(args, model, record)
-    except Exception as err:  # report what there is
-        record["error"] = f"{type(err).__name__}: {err}"
-        C.log(f"FAILED: {record['error']}")
-    report(record)
-    record.save(complete=True)
-    C.log(f"wrote {os.path.abspath(args.out)}")
+    C.measure_and_report(record, lambda: measure(args, model, record), report)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import random
 import statistics
 import time
@@ -758,15 +757,7 @@ def main() -> None:
     record.data.update(model=model, sizes=size, phases=args.phases)
     record.save()
     budget_end = started + args.budget_s if args.budget_s else None
-    try:
-        measure(args, model, record, budget_end)
-    except Exception as err:  # report what there is
-        record["error"] = f"{type(err).__name__}: {err}"
-        record["traceback"] = traceback.format_exc(limit=10)
-        C.log(f"FAILED: {record['error']}")
-    report(record)
-    record.save(complete=True)
-    C.log(f"wrote {os.path.abspath(args.out)}")
+    C.measure_and_report(record, lambda: measure(args, model, record, budget_end), report)
 
 
 if __name__ == "__main__":

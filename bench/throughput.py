@@ -432,14 +432,7 @@ def main() -> None:
     workloads = build_workloads(names, model, args.quick)
     record.data.update(model=model, workloads={wl.name: wl.summary() for wl in workloads}, results={})
     record.save()
-    try:
-        measure(args, model, workloads, record)
-    except Exception as err:  # report what there is
-        record["error"] = f"{type(err).__name__}: {err}"
-        C.log(f"FAILED: {record['error']}")
-    report(record)
-    record.save(complete=True)
-    C.log(f"wrote {os.path.abspath(args.out)}")
+    C.measure_and_report(record, lambda: measure(args, model, workloads, record), report)
 
 
 if __name__ == "__main__":  # required: sglang.Engine spawns workers that re-import __main__

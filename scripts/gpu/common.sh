@@ -25,6 +25,16 @@ fi
 # The bundle has no FA3 kernels: always the triton attention backend there.
 SGLANG_FLAGS=(--attention-backend triton --sampling-backend pytorch)
 
+large_model() {  # the random-weight 1.7B Llama ($RLGEN_LARGE_MODEL, else built once per machine); its path
+  local model=${RLGEN_LARGE_MODEL:-/tmp/ckpt/llama-1.7b}
+  if [ ! -d "$model" ]; then
+    mkdir -p /tmp/ckpt; local t0=$SECONDS
+    python3 bench/make_checkpoint.py --shape llama-1.7b --out "$model" --device cuda > "$OUT/make-llama-1.7b.txt" 2>&1
+    echo "checkpoint llama-1.7b: exit $? in $((SECONDS - t0)) s" >&2
+  fi
+  echo "$model"
+}
+
 start_sglang() {  # start_sglang PORT LOG [extra flags...]; sets SGLANG_PID
   local port=$1 log=$2; shift 2
   setsid python3 -m sglang.launch_server --model-path "$RLGEN_TEST_MODEL" --host 127.0.0.1 --port "$port" \

@@ -25,7 +25,7 @@
 # Each part writes its JSON and text straight to $OUT, so a call cut by its time limit keeps what it had.
 # Extra arguments for bench/episodes.py (later ones win): e.g. a dry run of this script on a CPU
 # machine, RLGEN_EPISODES_ARGS="--backend cpu --quick --repeats 2 --max-new-tokens 8" (with OUT and
-# RLGEN_TEST_MODEL set; RLGEN_ANCHOR_LARGE_MODEL names a checkpoint to use instead of building the 1.7B one).
+# RLGEN_TEST_MODEL set; RLGEN_LARGE_MODEL names a checkpoint to use instead of building the 1.7B one).
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
 PART=${1:-small}
@@ -39,16 +39,6 @@ anchor() {  # anchor NAME MODEL LIMIT_S REPEATS [bench flags...]
     --repeats "$repeats" --out "$OUT/episodes_anchor-$name.json" "$@" "${EXTRA[@]}" \
     > "$OUT/episodes_anchor-$name.txt" 2>&1
   echo "anchor $name: exit $? in $((SECONDS - t0)) s"; tail -16 "$OUT/episodes_anchor-$name.txt"
-}
-
-large_model() {  # the random-weight 1.7B checkpoint, built once per machine
-  local model=${RLGEN_ANCHOR_LARGE_MODEL:-/tmp/ckpt/llama-1.7b}
-  if [ ! -d "$model" ]; then
-    mkdir -p /tmp/ckpt; local t0=$SECONDS
-    python3 bench/make_checkpoint.py --shape llama-1.7b --out "$model" --device cuda > "$OUT/make-llama-1.7b.txt" 2>&1
-    echo "checkpoint llama-1.7b: exit $? in $((SECONDS - t0)) s" >&2
-  fi
-  echo "$model"
 }
 
 python3 bench/_common.py --for "bash scripts/gpu/episodes_anchor.sh $PART" > "$OUT/environment-anchor-$PART.json"

@@ -23,7 +23,7 @@
 # time limit keeps what it had.
 # Extra arguments for bench/offpolicy.py (later ones win): e.g. a dry run of this script on a CPU
 # machine, RLGEN_OFFPOLICY_ARGS="--backend cpu --quick --max-new-tokens 8" (with OUT and RLGEN_TEST_MODEL
-# set; RLGEN_OFFPOLICY_LARGE_MODEL names a checkpoint to use instead of building the 1.7B one).
+# set; RLGEN_LARGE_MODEL names a checkpoint to use instead of building the 1.7B one).
 source "$(dirname "$0")/common.sh"
 export RLGEN_SGLANG_ARGS="${SGLANG_FLAGS[*]}" RLGEN_DEFAULT_MODEL="$RLGEN_TEST_MODEL"
 PART=${1:-small}
@@ -38,16 +38,6 @@ bench() {  # bench NAME MODEL REPEATS [bench flags...]
   if [ -d "$OUT/offpolicy-$name-logs" ]; then  # few files come back from $OUT: the server logs as one
     tar czf "$OUT/offpolicy-$name-logs.tgz" -C "$OUT" "offpolicy-$name-logs" && rm -rf "$OUT/offpolicy-$name-logs"
   fi
-}
-
-large_model() {  # the random-weight 1.7B checkpoint, built once per machine
-  local model=${RLGEN_OFFPOLICY_LARGE_MODEL:-/tmp/ckpt/llama-1.7b}
-  if [ ! -d "$model" ]; then
-    mkdir -p /tmp/ckpt; local t0=$SECONDS
-    python3 bench/make_checkpoint.py --shape llama-1.7b --out "$model" --device cuda > "$OUT/make-llama-1.7b.txt" 2>&1
-    echo "checkpoint llama-1.7b: exit $? in $((SECONDS - t0)) s" >&2
-  fi
-  echo "$model"
 }
 
 python3 bench/_common.py --for "bash scripts/gpu/offpolicy.sh $PART" > "$OUT/environment-offpolicy-$PART.json"
