@@ -288,6 +288,17 @@ def test_cancel_keeps_every_token_sampled_and_leaves_the_server_idle(eng: rlgen.
     assert idle(eng)
 
 
+@pytest.mark.timeout(120)
+def test_releasing_the_memory_while_a_job_runs_is_refused_and_the_job_goes_on(eng: rlgen.Engine) -> None:
+    job = eng.submit(PROMPTS, **GREEDY)
+    with pytest.raises(rlgen.EngineError, match="background job"):
+        eng.release_memory()
+    with pytest.raises(rlgen.EngineError, match="background job"), eng.paused():
+        pass
+    check_counts(job.result(timeout=60))
+    assert idle(eng)
+
+
 @pytest.mark.timeout(300)
 def test_bad_inputs_are_refused_before_anything_is_sent(eng: rlgen.Engine, model_path: str) -> None:
     epoch, version = eng._pauses.epoch, eng.version_index

@@ -708,8 +708,17 @@ class Engine:
         self._pauses.flushed()
 
     def release_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Release the server's GPU memory (KV cache, weights); generate() fails until resume_memory()."""
+        """Release the server's GPU memory (KV cache, weights); generate() fails until resume_memory().
+
+        Raises:
+            EngineError: a background job (`submit`, `submit_episodes`) is running: its requests
+                would fail once the memory is gone; wait for it (`job.result()`) or `job.cancel()`.
+        """
         self._check_ready()
+        if self._pauses.jobs:
+            raise EngineError(f"{len(self._pauses.jobs)} background job(s) are running (eng.submit / "
+                              "eng.submit_episodes): releasing the memory would fail their requests; wait for "
+                              "them (job.result()) or cancel them (job.cancel()) first")
         self._control.release(tags)
 
     def resume_memory(self, tags: Sequence[str] | None = None, *, load: str | os.PathLike[str] | None = None,
