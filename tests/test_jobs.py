@@ -289,13 +289,17 @@ def test_cancel_keeps_every_token_sampled_and_leaves_the_server_idle(eng: rlgen.
 
 
 @pytest.mark.timeout(120)
-def test_releasing_the_memory_while_a_job_runs_is_refused_and_the_job_goes_on(eng: rlgen.Engine) -> None:
-    job = eng.submit(PROMPTS, **GREEDY)
+def test_releasing_the_memory_while_a_job_runs_is_refused_and_the_job_is_untouched(eng: rlgen.Engine) -> None:
+    job = eng.submit(PROMPTS, max_new_tokens=400, temperature=0.0, ignore_eos=True,
+                     sampling_params={"stream_interval": 1})
+    wait_streamed(job, 2)  # running (a job that ended is no longer in the way)
     with pytest.raises(rlgen.EngineError, match="background job"):
         eng.release_memory()
     with pytest.raises(rlgen.EngineError, match="background job"), eng.paused():
         pass
-    check_counts(job.result(timeout=60))
+    assert not job.done()
+    job.cancel()
+    check_counts(job.result())
     assert idle(eng)
 
 
