@@ -128,3 +128,12 @@ def generated(server: Server, body: dict[str, Any]) -> Any:
     status, answer = post(server.url + "/generate", body)
     assert status == 200, (status, answer)
     return answer
+
+
+def stepped_engine(model_path: str, **options: Any) -> Any:
+    """An rlgen Engine on the CPU backend whose decode steps take 20 ms each (long enough for a
+    test to act while a request runs), with the server's metrics on: use it as a context manager."""
+    import rlgen
+
+    return rlgen.Engine(model_path, backend="cpu", progress=False, enable_metrics=True,
+                        env={"RLGEN_CPU_STEP_DELAY": "0.02"}, **options)

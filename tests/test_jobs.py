@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _cpu_server_process import post
+from _cpu_server_process import post, stepped_engine
 
 import rlgen
 from rlgen.engine import GenerationJob, _weights
@@ -36,8 +36,7 @@ GREEDY = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def eng(model_path: str) -> Iterator[rlgen.Engine]:
-    with rlgen.Engine(model_path, backend="cpu", progress=False, enable_metrics=True,
-                      env={"RLGEN_CPU_STEP_DELAY": "0.02"}) as engine:
+    with stepped_engine(model_path) as engine:
         yield engine
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _cpu_server_process import stepped_engine
 
 import rlgen
 
@@ -31,8 +32,7 @@ def again(messages: list[dict[str, Any]], data: Any) -> str:
 
 @pytest.fixture(scope="module")
 def eng(model_path: str) -> Iterator[rlgen.Engine]:
-    with rlgen.Engine(model_path, backend="cpu", progress=False, enable_metrics=True,
-                      env={"RLGEN_CPU_STEP_DELAY": "0.02"}) as engine:
+    with stepped_engine(model_path) as engine:
         yield engine
 
 
