@@ -6,7 +6,9 @@ chats and the environment, each built once and checked before anything is sent; 
 (`rlgen.episodes.run_episodes`) on the background loop with the Engine's connection (client,
 tokenizer or one with another chat template, context length); an environment written for another
 framework made into its adapter's (`rlgen.envs.adapt`), and that framework's own rewards added once
-the episodes have ended; the call's provenance (as generate's), its progress line, and Ctrl-C (every
+the episodes have ended; each sampled token's weight version index (a turn's answer's
+`weight_version` mapped as generate()'s rows are, `ServedWeights.index_of` from the call's start;
+a continued turn's tokens labelled by their sample); the call's provenance (as generate's), its progress line, and Ctrl-C (every
 episode is handed to `keep`, the Engine's `last_episodes`, the unfinished ones aborted on the server
 and marked "cancelled"). Also the background form (`submit_episodes` and its handle, `EpisodesJob`:
 `done`, `result`, `cancel`, `progress`, a repr): the runner as a task on rlgen's loop, registered
@@ -47,10 +49,11 @@ class _Call:
     """One episodes call, checked and ready to run: its chats, tokenizer, environment, sampling,
     the records the runner fills, and how they become `Episodes`."""
 
-    def __init__(self, conn: Connection, provenance: Provenance, prompts: Any, env: Any,
+    def __init__(self, conn: Connection, provenance: Provenance, weights: ServedWeights, prompts: Any, env: Any,
                  opts: Mapping[str, Any]) -> None:
         conn.check_ready()
-        self.conn, self.provenance, self.opts = conn, provenance, opts
+        self.conn, self.provenance, self.weights, self.opts = conn, provenance, weights, opts
+        self.version = weights.index  # the version index when the call began
         self.chats = episode_prompts(prompts)
         self.template = opts["chat_template"]
         self.tokenizer = conn.tokenizer if self.template is None else _with_template(conn.tokenizer, self.template)
@@ -73,7 +76,13 @@ class _Call:
                             max_turns=opts["max_turns"], max_new_tokens=self.max_new_tokens, sampling=self.sampling,
                             context_length=self.conn.context_length, data=opts["data"],
                             max_in_flight=opts["max_in_flight"], records=self.records, on_episode=on_episode,
-                            batch_turns=opts["batch_turns"], pauses=pauses)
+                            batch_turns=opts["batch_turns"], pauses=pauses, version_of=self.version_of)
+
+    def version_of(self, weight_version: Any) -> int:
+        """The version index a turn's answer's `weight_version` names (from the call's own on, as
+        generate()'s rows), else the call's."""
+        i = self.weights.index_of(weight_version, at_least=self.version)
+        return self.version if i is None else i
 
     def result(self) -> Episodes:
         """The records as `Episodes`, with the call's provenance."""
@@ -82,6 +91,7 @@ class _Call:
         sampling = {**self.sampling, "n": self.n, "max_new_tokens": self.max_new_tokens,
                     "max_turns": self.opts["max_turns"]}
         record = self.provenance.of_call(started=self.started, sampling=sampling, weight_versions=versions, cache=None)
+        record["weight_version_labels"] = self.weights.labels  # version index -> the server's weight_version
         if self.template is not None:
             record["chat_template"] = self.template
         return episodes_from_records(records, pad_token_id=self.conn.pad_id, tokenizer=self.tokenizer,
@@ -104,7 +114,8 @@ def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes]
              env: Any, opts: Mapping[str, Any]) -> Episodes:
     """`Engine.episodes` over the Engine's connection and provenance, `opts` resolved against
     `EpisodeOptions`; `keep` receives the result, also the partial one of an interrupted call."""
-    call = _Call(conn, provenance, prompts, env, opts)
+    # the Engine's served weights, which its provenance holds (each token's version index)
+    call = _Call(conn, provenance, provenance._weights, prompts, env, opts)
     # The cyclic GC paused while the episodes run and their result is built (core/_gc: each turn
     # of each episode allocates, and a full collection would walk the notebook's whole heap).
     with ProgressLine("episodes", total=call.total, unit="episode", show=conn.show(opts["progress"])) as line, \
@@ -126,7 +137,7 @@ def submit_episodes(parts: JobParts, keep: Callable[[Episodes], None], prompts: 
                     opts: Mapping[str, Any]) -> EpisodesJob:
     """`Engine.submit_episodes`: checked as `episodes()` checks (nothing sent on a mistake), then
     started on rlgen's loop."""
-    call = _Call(parts.conn, parts.provenance, prompts, env, opts)
+    call = _Call(parts.conn, parts.provenance, parts.weights, prompts, env, opts)
     return EpisodesJob(call, parts, keep)
 
 
@@ -194,7 +205,8 @@ class EpisodesJob:
     A weight update while it runs pauses the server's generation around its push as for a
     `GenerationJob` (`pause=None` is "abort" while it runs). A turn whose request the pause ended
     goes on as the same sequence (its tokens so far as ids, the rest of its budget), so no turn is
-    cut short and no token is sampled twice; each turn's `weight_version` is its last request's.
+    cut short and no token is sampled twice; each turn's `weight_version` is its last request's,
+    and each of its tokens carries the version index that sampled it (`res.versions`).
     """
 
     def __init__(self, call: _Call, parts: JobParts, keep: Callable[[Episodes], None]) -> None:

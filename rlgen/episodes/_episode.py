@@ -6,7 +6,9 @@ then, per assistant turn, in this order and nowhere else:
 
 1. `sample_turn`: send the turn's request (`input_ids`: the ids so far, so history is never
    re-tokenized and the server's prefix cache serves it) and take its answer; write the assistant
-   turn: its sampled ids (loss mask 1, the server's logprobs), a closing EOS (mask 0) after a turn
+   turn: its sampled ids (loss mask 1, the server's logprobs, the version index that sampled
+   each: `EpisodeCall.version_of` its answer's `weight_version`, or a continued sample's per-token
+   labels), a closing EOS (mask 0, version -1) after a turn
    that did not end with one, its text as the assistant's message, its `Turn`;
 2. `step`: run the environment's step on the messages, and write its reply: its messages' template
    delta appended (mask 0) when the next request, with it, fits the model's context (when it does
@@ -25,7 +27,8 @@ A turn of a call given `TurnPauses` (a background call of the Engine's, which we
 is one `client._continuation.Continued` sample: its requests wait at the pause gate, and a request
 a pause's abort ended (finish "abort", or turned away: HTTP 499) goes on as the same sequence, the
 turn's tokens so far sent back as ids with the rest of its budget (`_continued_answer`), so the
-turn is never cut short nor a token of it sampled twice; its answer is the continued sample's entry.
+turn is never cut short nor a token of it sampled twice; its answer is the continued sample's entry,
+and its tokens' versions are the sample's labels (each segment's, `client._continuation.segment_versions`).
 
 Also owns what every episode of one call shares (`EpisodeCall`: the tokenizer, the environment, the
 sender, the limits, one delta renderer, the sampling parameters of each turn). Requests go through
@@ -90,13 +93,17 @@ class EpisodeCall:
     """What the episodes of one call share: the tokenizer (and its EOS), the environment, the
     sender, the limits, the sampling parameters (`sampling`), one delta renderer (made at the first
     delta: a template that refuses the base conversation is that episode's "template_error", as any
-    other delta's refusal), and the tracer, if any."""
+    other delta's refusal), the tracer, if any, and `version_of`: the version index an answer's
+    `weight_version` names (the Engine's; None: not known, -1), for the turns of a call without
+    `pauses` (a continued turn's tokens carry their sample's own labels)."""
 
     def __init__(self, tokenizer: Any, environment: Environment, sender: Sender, *, max_turns: int,
                  max_new_tokens: int, context_length: int | None, sampling: Mapping[str, Any] | None = None,
-                 tracer: Tracer | None = None, pauses: TurnPauses | None = None) -> None:
+                 tracer: Tracer | None = None, pauses: TurnPauses | None = None,
+                 version_of: Callable[[Any], int] | None = None) -> None:
         self.tokenizer, self.environment, self.sender = tokenizer, environment, sender
         self.pauses = pauses  # a background call's: its turns wait out pauses and go on across them
+        self.version_of = version_of
         self.max_turns, self.max_new_tokens, self.context_length = max_turns, max_new_tokens, context_length
         self.params, self.tracer = dict(sampling or {}), tracer
         self.eos = eos_id(tokenizer)
@@ -159,7 +166,7 @@ class SampledTurn:
 async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budget: int) -> SampledTurn | tuple[str, str]:
     """Assistant turn `turn` of `record`: its request (at most `budget` new tokens) through the
     call's sender, its answer written into the record: the sampled ids (loss mask 1, the server's
-    logprobs), a closing EOS (mask 0) if the turn ended without one, the text decoded from them as
+    logprobs, the version index that sampled each), a closing EOS (mask 0) if the turn ended without one, the text decoded from them as
     the assistant's message. What ends the episode instead is returned as (status, error):
     "context_limit" (the request would not fit), "request_error" (refused, failed or aborted).
     The `Turn` is returned, not written to `record.turns` (the caller orders the turns)."""
@@ -169,10 +176,11 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
     call.trace("request", record, turn)
     try:  # the request's own copy of the ids: whatever keeps the payload never sees the record grow
         params = call.sampling(budget, record.sample_index)
+        labels: list[int] | None = None  # a continued sample's, one per token
         if call.pauses is None:
             answer, latency = await call.sender.sample(list(record.ids), params)
         else:
-            answer, latency = await _continued_answer(call, call.pauses, list(record.ids), params)
+            answer, latency, labels = await _continued_answer(call, call.pauses, list(record.ids), params)
     except RequestError as e:
         return "request_error", f"turn {turn}: {e}"
     call.trace("answer", record, turn)
@@ -183,7 +191,9 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
     lps = read.token_logprobs()
     closing = closing_ids(call.eos, sampled)
     text = call.tokenizer.decode(text_ids(sampled, call.eos))
-    record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps)
+    if labels is None or len(labels) != len(sampled):
+        labels = [-1 if call.version_of is None else call.version_of(read.weight_version)] * len(sampled)
+    record.extend(sampled, role="assistant", turn=turn, mask=1, logprobs=lps, versions=labels)
     record.extend(closing, role="env", turn=turn)
     record.messages.append({"role": "assistant", "content": text})
     said = Turn(turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
@@ -194,12 +204,13 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
 
 
 async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int], params: dict[str, Any]
-                            ) -> tuple[dict[str, Any], float]:
+                            ) -> tuple[dict[str, Any], float, list[int]]:
     """A turn's answer across pauses: the turn as one `Continued` sample, its requests sent through
     the call's sender once the pause gate is open, each answer kept (an abort: the tokens so far,
     and the rest sent as the same sequence), a request a pause turned away sent again; the sample
     as one SGLang entry (the finish normalised: an aborted segment at the budget is "length", one
-    ending on an EOS / stop token "stop") and the seconds it took.
+    ending on an EOS / stop token "stop"), the seconds it took, and the version index of each of
+    its tokens (`Continued.versions`).
 
     Raises:
         RequestError: a request failed other than by a pause."""
@@ -228,7 +239,7 @@ async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int
             sample.drop_open()  # a pause turned it away inside a batch that went on
             continue
         sample.close(answer, answered_version=segment.sent_version, decode=decode)
-    return sample.entry(decode), time.perf_counter() - started
+    return sample.entry(decode), time.perf_counter() - started, list(sample.versions)
 
 
 def env_turn(turn: int, reply: EnvReply, tokens: int = 0) -> Turn:

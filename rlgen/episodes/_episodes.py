@@ -2,7 +2,7 @@
 
 Owns: the `Episodes` class (a `Rollouts` whose row is one episode: the prompt is the first
 request's ids, the response is everything after it, assistant-sampled and environment tokens
-alike, with `loss_mask` 1 on sampled tokens only and a per-token `turn_ids`), building one from the
+alike, with `loss_mask` 1 on sampled tokens only, a per-token `turn_ids` and `versions`), building one from the
 runner's `EpisodeRecord`s (`episodes_from_records`), reading records back (`records`, `episode`),
 the turns frame (`turns`), per-turn rewards (`add_turn_rewards`), the drift inspector over its rows (`check_drift`, `drift`,
 `drift_summary`), and the `roles` tensor. Selection, concat, parquet, the view, rewards, group
@@ -116,7 +116,10 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
                           framework: bool = False) -> Episodes:
     """An `Episodes` of `records` (prompt-major, as the runner fills them), one new run.
     `framework`: the episodes ran another framework's environment, so each row keeps its
-    environment object (None where none was made) for reward functions that take `environments`."""
+    environment object (None where none was made) for reward functions that take `environments`.
+    When some token's weight version index is known (the records' `versions`; a record whose
+    `versions` do not line up with its ids counts as not known, -1), `versions` and the columns
+    `version_min` / `version_max` (over each row's sampled tokens; -1 for a row without one)."""
     import pandas as pd
 
     n, run = len(records), new_run_id()
@@ -131,6 +134,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     logprobs = _flat(records, "logprobs", np.float64, count)[response]
     mask = _flat(records, "loss_mask", np.bool_, count)[response]
     rows_of = row[response]
+    versions = _versions(records, count, response)
     # Summed in order in float64, as sum() over each row's sampled logprobs would.
     sums = np.bincount(rows_of, weights=np.where(mask, logprobs, 0.0), minlength=n)
     sampled = np.bincount(rows_of, weights=mask, minlength=n)
@@ -172,7 +176,7 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     steps = [r.step_rewards for r in records]
     if any(s is not None for s in steps):
         df["step_rewards"] = [s or [] for s in steps]
-    for name, values in data_columns([r.data for r in records]).items():
+    for name, values in {**_version_range(versions, rows_of, n), **data_columns([r.data for r in records])}.items():
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
     meta = [{"turns": _turns_safe(r.turns), "traceback": r.traceback, "tools": schemas,
@@ -185,10 +189,34 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
             "logprobs": logprobs.astype(np.float32),
             "loss_mask": mask,
             "turn_ids": _flat(records, "turn_ids", np.int32, count)[response],
+            "versions": versions,
         },
         model=model, run_sampling={run: sampling}, run_records={run: run_record},
         decode=TokenText(tokenizer) if tokenizer is not None else None,
     ).kwargs())
+
+
+def _versions(records: Sequence[EpisodeRecord], count: int, response: np.ndarray) -> np.ndarray | None:
+    """The response tokens' version indices (int32; -1 where not known: a record whose `versions`
+    do not line up with its ids), from every record's end to end; None when no token's is known."""
+    if not any(len(r.versions) == len(r.ids) and r.versions and max(r.versions) >= 0 for r in records):
+        return None
+    parts = [r.versions if len(r.versions) == len(r.ids) else [-1] * len(r.ids) for r in records]
+    kept: np.ndarray = np.fromiter(chain.from_iterable(parts), dtype=np.int32, count=count)[response]
+    return kept
+
+
+def _version_range(versions: np.ndarray | None, rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """`version_min` / `version_max`: each of `n` rows' oldest and newest known version (`versions`
+    >= 0 of the tokens whose row is `rows`), int64, -1 for a row without one; none without versions."""
+    if versions is None:
+        return {}
+    known = versions >= 0
+    values, of = versions[known].astype(np.int64), rows[known]
+    low, high = np.full(n, np.iinfo(np.int64).max), np.full(n, -1, np.int64)
+    np.minimum.at(low, of, values)
+    np.maximum.at(high, of, values)
+    return {"version_min": np.where(high < 0, -1, low), "version_max": high}
 
 
 def _cached_share(record: EpisodeRecord) -> float:
@@ -212,7 +240,8 @@ class Episodes(Rollouts):
     everything after it (the model's turns and the environment's messages, as sent and sampled,
     never re-tokenized), `logprobs` the sampled logprobs (0.0 on environment tokens), `loss_mask`
     1 on the tokens the model sampled (EOS included) only, `turn_ids` the assistant turn of each
-    token, and `roles` [N, R] int64 (`ROLE_CODES`: 1 sampled, 2 environment, 0 padding). A policy-
+    token, `versions` the weight version index that sampled each token (-1 on the environment's
+    tokens and padding; None for episodes made without versions), and `roles` [N, R] int64 (`ROLE_CODES`: 1 sampled, 2 environment, 0 padding). A policy-
     gradient loss is the single-turn one::
 
         t = res.add_rewards(reward).tensors()
@@ -224,7 +253,8 @@ class Episodes(Rollouts):
     DataFrame columns: `Rollouts`' (see `rlgen.episodes._episodes` for what each means for an
     episode), then `status` (see below), `turns` (assistant turns), `sampled_tokens`, `tool_calls`,
     `tool_calls_failed`, `env_seconds`, `cached_share` (cached / prompt tokens of the requests
-    after the first: the prefix cache serving the history), `prompt_messages`,
+    after the first: the prefix cache serving the history), `version_min` / `version_max` (over
+    the sampled tokens' `versions`, where known; -1 for a row without one), `prompt_messages`,
     `completion_messages`, after `check_drift` `drift` / `drift_turn` / `drift_position`, then the
     prompts' data.
 
@@ -245,6 +275,7 @@ class Episodes(Rollouts):
         mask = [0] * n_p + [int(m) for m in (tok["loss_mask"] if tok["loss_mask"] is not None else [1] * len(tok["ids"]))]
         lps = tok["logprobs"] if tok["logprobs"] is not None else np.zeros(len(tok["ids"]), np.float32)
         turns = tok["turn_ids"] if tok["turn_ids"] is not None else np.zeros(len(tok["ids"]), np.int32)
+        versions = tok["versions"] if tok["versions"] is not None else np.full(len(tok["ids"]), -1, np.int32)
         meta = self.meta_info[i]
         data = {c: row[c] for c in self.data_columns}
         record = EpisodeRecord(
@@ -253,6 +284,7 @@ class Episodes(Rollouts):
             logprobs=[0.0] * n_p + [0.0 if math.isnan(x) else float(x) for x in lps],
             turn_ids=[0] * n_p + [int(t) for t in turns],
             roles=["prompt"] * n_p + ["assistant" if m else "env" for m in mask[n_p:]],
+            versions=[-1] * n_p + [int(v) for v in versions],
             status=str(row["status"]), error=row["error"] if isinstance(row["error"], str) else None,
             traceback=meta.get("traceback"),
             turns=list(meta.get("turns") or []), env_seconds=float(row["env_seconds"]),

@@ -1,7 +1,7 @@
 """One episode as the runner fills it: `EpisodeRecord`, its `Turn`s, and a turns frame of records.
 
 Owns: `EpisodeRecord` (one episode's conversation, its token-in/token-out ids with a per-token loss
-mask, logprob, turn index and role, its status and per-turn details), `Turn` (one assistant turn or
+mask, logprob, turn index, role and weight version index, its status and per-turn details), `Turn` (one assistant turn or
 environment reply: the turns frame's columns, `TURN_COLUMNS`, and what only one role has; kept in a
 record as its dict), `turns_frame` (a row per turn of some records) and the episodes' data as
 columns (`data_columns`: a dict's keys, refused where they name one of rlgen's own columns). The
@@ -47,6 +47,9 @@ class EpisodeRecord:
         turn_ids: per token, the index of the assistant turn it belongs to or follows (0 for the
             prompt and the first turn's tokens, k for turn k and the environment messages after it).
         roles: per token, "prompt", "assistant" or "env" (a closing EOS counts as "env").
+        versions: per token, the weight version index that sampled it (an assistant turn continued
+            across a pause: each segment's own, `client._continuation.segment_versions`); -1 on
+            the tokens the model did not sample, and where the version is not known.
         status / error / traceback: how it ended (see the module docstring), and why.
         turns: one dict per turn (assistant turns and environment replies, in order): role, text,
             tokens, logprob_mean, tool_calls, tool_calls_failed, finish_reason, cached_tokens,
@@ -68,6 +71,7 @@ class EpisodeRecord:
     logprobs: list[float] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     status: str = "running"
     error: str | None = None
     traceback: str | None = None
@@ -78,28 +82,35 @@ class EpisodeRecord:
     env: Any = None
 
     def extend(self, ids: Sequence[int], *, role: str, turn: int, mask: int = 0,
-               logprobs: Sequence[float] | None = None) -> None:
-        """Append `ids` with their per-token labels (logprobs 0.0 unless given), as given: Python
+               logprobs: Sequence[float] | None = None, versions: int | Sequence[int] = -1) -> None:
+        """Append `ids` with their per-token labels (logprobs 0.0 unless given; `versions` one
+        version index for them all or one per id, -1: not sampled / not known), as given: Python
         ints and floats, which is what the server's decoded answers and the tokenizer give (this
         runs for every turn of every episode, so it converts nothing).
 
         Raises:
-            ValueError: `logprobs` of another length than `ids`.
+            ValueError: `logprobs` or `versions` of another length than `ids`.
         """
         # labelled first: `label` checks before it appends, so a refused call appends nothing
-        self.label(len(ids), role=role, turn=turn, mask=mask, logprobs=logprobs)
+        self.label(len(ids), role=role, turn=turn, mask=mask, logprobs=logprobs, versions=versions)
         self.ids.extend(ids)
 
-    def label(self, n: int, *, role: str, turn: int, mask: int = 0, logprobs: Sequence[float] | None = None) -> None:
+    def label(self, n: int, *, role: str, turn: int, mask: int = 0, logprobs: Sequence[float] | None = None,
+              versions: int | Sequence[int] = -1) -> None:
         """The per-token labels of `n` ids already appended to `ids` (`extend` is both): the runner
         appends a turn's ids before its next request and labels them while the server works on it,
         so that between the two the per-token lists are shorter than `ids`.
 
         Raises:
-            ValueError: `logprobs` of another length than `n`.
+            ValueError: `logprobs` or `versions` of another length than `n`.
         """
         if logprobs is not None and len(logprobs) != n:
             raise ValueError(f"{len(logprobs)} logprobs for {n} ids")
+        if not isinstance(versions, int) and len(versions) != n:
+            raise ValueError(f"{len(versions)} versions for {n} ids")
+        # a record made by hand without versions keeps none (its lists would not line up with ids)
+        if len(self.versions) == len(self.loss_mask):
+            self.versions.extend([versions] * n if isinstance(versions, int) else versions)
         self.loss_mask.extend([mask] * n)
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
         self.turn_ids.extend([turn] * n)

@@ -125,7 +125,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
                        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                        records: list[EpisodeRecord] | None = None,
                        on_episode: Any = None, batch_turns: bool = True,
-                       tracer: Tracer | None = None, pauses: TurnPauses | None = None) -> list[EpisodeRecord]:
+                       tracer: Tracer | None = None, pauses: TurnPauses | None = None,
+                       version_of: Callable[[Any], int] | None = None) -> list[EpisodeRecord]:
     """Run `n` episodes per prompt (all concurrently, at most `max_in_flight` requests at once).
 
     Args:
@@ -153,6 +154,9 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
         pauses: a background call's pauses (`_episode.TurnPauses`): each turn's requests wait at
             their gate, and a turn a pause's abort ended goes on as the same sequence; None: a
             turn the server aborted ends its episode "request_error".
+        version_of: the weight version index an answer's `weight_version` names (the Engine's),
+            each sampled token's `versions` label in a turn not continued across a pause (a
+            continued turn's tokens carry their own); None: -1, not known.
 
     Raises (before anything is sent):
         TypeError / ValueError: a count below 1, an env, data or env_timeout `as_environment` /
@@ -171,7 +175,8 @@ async def run_episodes(client: Client, tokenizer: Any, prompts: Sequence[Sequenc
     sender = Sender(client, max_in_flight=max_in_flight, batch=batch_turns,
                     members=len(prompts) * n if environment.loop is None else None)
     call = EpisodeCall(tokenizer, environment, sender, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                       context_length=context_length, sampling=sampling, tracer=tracer, pauses=pauses)
+                       context_length=context_length, sampling=sampling, tracer=tracer, pauses=pauses,
+                       version_of=version_of)
     out = records if records is not None else []
     out[:] = [EpisodeRecord(p, s, data=items[p]) for p in range(len(prompts)) for s in range(n)]
     await _run_all(call, prompts, out, on_episode)

@@ -3,7 +3,9 @@ SGLang 0.5.17's pause and continue): `eng.submit_episodes` returns at once and i
 synchronous `eng.episodes` call (greedy); a weight update under pause 'abort' from the main thread
 while the episodes run pauses the server, pushes the same weights and continues it, and every turn
 the pause ended goes on as the same sequence (the episodes end exactly as without the push, token
-for token, and the server sampled no token twice: its own count equals the tokens kept); cancel;
+for token, and the server sampled no token twice: its own count equals the tokens kept), each
+sampled token labelled with the version index that sampled it (before the push, then after it;
+-1 on the environment's tokens), as a synchronous call's are with the version it ran on; cancel;
 bad inputs refused.
 
 The server sleeps 20 ms per decode step, so that turns are still running when the pause comes.
@@ -13,12 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _cpu_server_process import stepped_engine
 
 import rlgen
+from rlgen.episodes import ROLE_CODES
 
 torch = pytest.importorskip("torch")
 
@@ -71,13 +75,33 @@ def test_background_episodes_return_at_once_and_equal_a_synchronous_call(eng: rl
     whole(res, reference)
 
 
+def sampled_versions(res: rlgen.Episodes) -> Any:
+    """`res.versions`, checked against the loss mask: a version (>= 0) on exactly the tokens the
+    model sampled, -1 on the environment's tokens and padding, never going back along a row."""
+    versions, t = res.versions, res.tensors()
+    assert versions is not None and versions.dtype == torch.int64
+    assert versions.shape == res.logprobs.shape == t["loss_mask"].shape
+    mask = t["loss_mask"]
+    assert bool((versions[mask] >= 0).all()) and bool((versions[~mask] == -1).all())
+    assert int((versions >= 0).sum()) == int(mask.sum()) == sum(r.sampled_tokens for r in res.records)
+    assert bool((versions[t["roles"] == ROLE_CODES["env"]] == -1).all())
+    for i, row in enumerate(versions.tolist()):
+        labels = [v for v in row if v >= 0]
+        assert labels == sorted(labels)
+        assert (res.df.version_min[i], res.df.version_max[i]) == (min(labels), max(labels))
+    for record in res.records:
+        assert len(record.versions) == len(record.ids)
+    return versions[mask]
+
+
 @pytest.mark.timeout(180)
 def test_a_push_under_abort_mid_turn_continues_every_turn(eng: rlgen.Engine, reference: rlgen.Episodes,
-                                                          model_path: str) -> None:
+                                                          model_path: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     trainer = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
     tokens0, requests0 = counter(eng, "sglang:generation_tokens_total"), counter(eng, "sglang:num_requests_total")
+    before = eng.version_index
     job = eng.submit_episodes(PROMPTS, env=again, **KW)
     time.sleep(0.15)  # the first turns are being sampled (16 steps of 20 ms)
     assert job.progress.turns == 0
@@ -89,6 +113,24 @@ def test_a_push_under_abort_mid_turn_continues_every_turn(eng: rlgen.Engine, ref
     assert counter(eng, "sglang:generation_tokens_total") - tokens0 == kept  # no token sampled twice
     assert counter(eng, "sglang:num_requests_total") - requests0 > 12  # some turn took two requests
     assert {t["weight_version"] for r in res.records for t in r.assistant_turns} == {version}
+    # each token by the version that sampled it: the turns the pause cut, before then after the push
+    assert eng.version_index == before + 1
+    labels = sampled_versions(res)
+    assert set(labels.tolist()) == {before, before + 1} and int((labels == before).sum()) > 0
+    assert res.df.version_min.tolist() == [before] * 4 and res.df.version_max.tolist() == [before + 1] * 4
+    # kept through selection and parquet, as a generate() result's
+    assert res[[3, 0]].versions.tolist() == res.versions[[3, 0]].tolist()
+    res.to_parquet(tmp_path / "e.parquet")
+    back = rlgen.Episodes.from_parquet(tmp_path / "e.parquet")
+    assert back.versions.tolist() == res.versions.tolist() and back.df.version_min.tolist() == [before] * 4
+    assert back.records[1].versions == res.records[1].versions
+
+
+@pytest.mark.timeout(60)
+def test_a_synchronous_call_labels_its_sampled_tokens_with_the_current_version(eng: rlgen.Engine) -> None:
+    res = eng.episodes(PROMPTS, env=again, **{**KW, "max_turns": 2, "max_new_tokens": 4})
+    assert set(sampled_versions(res).tolist()) == {eng.version_index}
+    assert res.df.version_min.tolist() == res.df.version_max.tolist() == [eng.version_index] * 4
 
 
 @pytest.mark.timeout(60)
