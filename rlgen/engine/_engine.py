@@ -617,7 +617,8 @@ class Engine:
             opts = _options.resolve(EpisodeOptions, options)
         except (TypeError, ValueError) as err:
             raise err.with_traceback(None) from None
-        return _episodes.episodes(self._conn, self._provenance, self._keep_episodes, prompts, env=env, opts=opts)
+        return _episodes.episodes(self._conn, self._provenance, self._weights, self._keep_episodes, prompts,
+                                  env=env, opts=opts)
 
     def submit_episodes(self, prompts: Any, *, env: Any, **options: Unpack[EpisodeOptions]) -> EpisodesJob:
         """Start `episodes(prompts, env=env, **options)` in the background; returns an `EpisodesJob`

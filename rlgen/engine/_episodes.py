@@ -110,12 +110,12 @@ class _Call:
         return done
 
 
-def episodes(conn: Connection, provenance: Provenance, keep: Callable[[Episodes], None], prompts: Any, *,
-             env: Any, opts: Mapping[str, Any]) -> Episodes:
-    """`Engine.episodes` over the Engine's connection and provenance, `opts` resolved against
-    `EpisodeOptions`; `keep` receives the result, also the partial one of an interrupted call."""
-    # the Engine's served weights, which its provenance holds (each token's version index)
-    call = _Call(conn, provenance, provenance._weights, prompts, env, opts)
+def episodes(conn: Connection, provenance: Provenance, weights: ServedWeights, keep: Callable[[Episodes], None],
+             prompts: Any, *, env: Any, opts: Mapping[str, Any]) -> Episodes:
+    """`Engine.episodes` over the Engine's connection, provenance and served weights (each token's
+    version index), `opts` resolved against `EpisodeOptions`; `keep` receives the result, also the
+    partial one of an interrupted call."""
+    call = _Call(conn, provenance, weights, prompts, env, opts)
     # The cyclic GC paused while the episodes run and their result is built (core/_gc: each turn
     # of each episode allocates, and a full collection would walk the notebook's whole heap).
     with ProgressLine("episodes", total=call.total, unit="episode", show=conn.show(opts["progress"])) as line, \

@@ -570,8 +570,8 @@ class Rollouts(TensorProperties, RewardMethods):
         the first `max_rows` rows, `max_tokens` tokens per row, `max_chars` of each prompt.
 
         Raises:
-            ValueError: an unknown colour, or "version" for a result without versions (episodes,
-                hand-built, older files).
+            ValueError: an unknown colour, or "version" for a result without versions (hand-built,
+                older files).
         """
         from ._display import COLORS, HTMLView, rollouts_html, short_repr
 
@@ -579,7 +579,7 @@ class Rollouts(TensorProperties, RewardMethods):
             raise ValueError(f"color must be one of {', '.join(map(repr, COLORS))}, got {color!r}")
         if color == "version" and self._f["versions"] is None:
             raise ValueError("this result has no weight versions (res.versions is None): color='version' needs a "
-                             "result of Engine.generate or Engine.submit")
+                             "result of Engine.generate, submit, episodes or submit_episodes")
         return HTMLView(rollouts_html(self, max_rows=max_rows, max_tokens=max_tokens, max_chars=max_chars,
                                       color=color), short_repr(self))
 
