@@ -12,6 +12,7 @@ The server sleeps 20 ms per decode step, so that requests are still running when
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -136,6 +137,25 @@ def test_a_job_returns_at_once_and_without_a_push_equals_generate(eng: rlgen.Eng
     assert reference.versions is not None and set(reference.versions[reference.response_mask].tolist()) == {
         eng.version_index}  # a generate() result has versions too
     assert job.result().df.empty  # every group was handed over
+
+
+@pytest.mark.timeout(300)
+def test_result_without_min_done_returns_only_once_the_job_is_done(eng: rlgen.Engine,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last answer comes in a moment before the run ends (its sender closes after): a slow close
+    makes that moment long, and result() still returns with done() true (CI once saw it false)."""
+    from rlgen.client._sender import Sender
+
+    close = Sender.close
+
+    async def slow_close(self: Sender) -> None:
+        await asyncio.sleep(0.5)
+        await close(self)
+
+    monkeypatch.setattr(Sender, "close", slow_close)
+    job = eng.submit(PROMPTS[:1], max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    job.result(timeout=120)
+    assert job.done() and job.state == "done"
 
 
 @pytest.mark.timeout(300)

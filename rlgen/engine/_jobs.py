@@ -243,7 +243,7 @@ class GenerationJob:
         if opts["rest"] == "recycle" and opts["min_done"] is None:
             raise ValueError("rest='recycle' stops the groups not done once min_done of them are: give min_done")
         wanted = len(self._groups) if opts["min_done"] is None else math.ceil(opts["min_done"] * len(self._groups))
-        self._wait(wanted, opts["timeout"])
+        self._wait(wanted, opts["timeout"], whole=opts["min_done"] is None)
         if self._run.failure is not None:
             raise self._run.failure
         if opts["rest"] == "recycle":
@@ -253,14 +253,16 @@ class GenerationJob:
             group.taken = True
         return self._build(ready)
 
-    def _wait(self, groups: int, timeout: float | None) -> None:
-        """Wait (with a progress line) until `groups` prompt groups are done or the job has ended."""
+    def _wait(self, groups: int, timeout: float | None, *, whole: bool) -> None:
+        """Wait (with a progress line) until `groups` prompt groups are done or the job has ended;
+        `whole`: until the job has ended (its last answer is in a moment before its run ends, and
+        `result()` without `min_done` promises `done()` after it)."""
         from ..core._progress import ProgressLine
 
         run, deadline = self._run, None if timeout is None else time.monotonic() + timeout
         show = self._parts.conn.show(self._spec.progress)
         with ProgressLine("job", total=len(run.samples), unit="sample", show=show) as line:
-            while run.groups_done < groups and not run.finished and run.failure is None:
+            while (whole or run.groups_done < groups) and not run.finished and run.failure is None:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"the job has {run.groups_done} of the {groups} prompt groups waited for "
                                        f"done after {timeout} s; it goes on")
