@@ -37,7 +37,7 @@ from ..episodes import EpisodeRecord, Episodes, as_environment, episodes_from_re
 from ..episodes._runner import episode_prompts
 from ._connection import Connection
 from ._job_run import _RESEND_WAIT_S, _turned_away
-from ._jobs import JobParts
+from ._jobs import JobParts, job_html
 from ._pause import Pauses, shielded
 from ._provenance import Provenance
 from ._served import ServedWeights
@@ -96,7 +96,8 @@ class _Call:
             record["chat_template"] = self.template
         return episodes_from_records(records, pad_token_id=self.conn.pad_id, tokenizer=self.tokenizer,
                                      model=self.provenance.model, sampling=record["sampling"], run_record=record,
-                                     tools=self.environment.tools, framework=self.environment.kind == "framework")
+                                     tools=self.environment.tools, framework=self.environment.kind == "framework",
+                                     current_version=self.weights.index)
 
     def scored(self, done: Episodes, keep: Callable[[Episodes], None]) -> Episodes:
         """`done` with the framework's own rewards, if its environment has some (in threads: they
@@ -296,6 +297,12 @@ class EpisodesJob:
         p = self.progress
         return (f"<EpisodesJob {p.state} · {p.done}/{p.total} episodes · {p.turns} turns · {p.tokens:,} tokens · "
                 f"{p.updates} updates · {p.elapsed_s:.1f} s · version {self._parts.weights.index}>")
+
+    def _repr_html_(self) -> str:
+        p = self.progress
+        return job_html(p.state, p.done, p.total, f"{p.done:,}/{p.total:,} episodes · {p.turns:,} turns · "
+                        f"{p.tokens:,} tokens · {p.updates} weight updates · {p.elapsed_s:.1f} s · weight version "
+                        f"{self._parts.weights.index}")
 
 
 def _with_template(tokenizer: Any, template: str) -> Any:

@@ -40,7 +40,7 @@ from ._served import ServedWeights
 if TYPE_CHECKING:
     from ..rollouts._rollouts import Rollouts
 
-__all__ = ["GenerationJob", "JobParts", "JobProgress", "PartialRollouts", "submit"]
+__all__ = ["GenerationJob", "JobParts", "JobProgress", "PartialRollouts", "job_html", "submit"]
 
 
 @dataclass(frozen=True)
@@ -301,13 +301,19 @@ class GenerationJob:
 
     def _repr_html_(self) -> str:
         p = self.progress
-        colour = {"running": "#2a7", "paused": "#c80", "done": "#2a7", "cancelled": "#888", "failed": "#c33"}[p.state]
-        bar = f'<progress value="{p.done}" max="{max(p.total, 1)}" style="width:12em;vertical-align:middle"></progress>'
-        partial = "" if self.partial is None else f" · {html.escape(repr(self.partial))}"
-        return (f'<div class="rlgen-rollouts" style="font-family:monospace;white-space:normal">'
-                f'<span style="color:{colour};font-weight:bold">{p.state}</span> {bar} '
-                f"{p.done:,}/{p.total:,} samples · {p.groups_done:,}/{p.groups:,} prompt groups · {p.tokens:,} tokens · "
-                f"{p.elapsed_s:.1f} s · weight version {self._parts.weights.index}{partial}</div>")
+        partial = "" if self.partial is None else f" · {self.partial!r}"
+        return job_html(p.state, p.done, p.total, f"{p.done:,}/{p.total:,} samples · {p.groups_done:,}/{p.groups:,} "
+                        f"prompt groups · {p.tokens:,} tokens · {p.elapsed_s:.1f} s · weight version "
+                        f"{self._parts.weights.index}{partial}")
+
+
+def job_html(state: str, done: int, total: int, details: str) -> str:
+    """A background job's line in a notebook: its state, coloured, a bar of `done` out of `total`,
+    and `details` (plain text, escaped here)."""
+    colour = {"running": "#2a7", "paused": "#c80", "done": "#2a7", "cancelled": "#888", "failed": "#c33"}[state]
+    bar = f'<progress value="{done}" max="{max(total, 1)}" style="width:12em;vertical-align:middle"></progress>'
+    return (f'<div class="rlgen-rollouts" style="font-family:monospace;white-space:normal">'
+            f'<span style="color:{colour};font-weight:bold">{state}</span> {bar} {html.escape(details)}</div>')
 
 
 def _decoder(conn: Connection) -> Any:

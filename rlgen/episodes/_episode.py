@@ -177,10 +177,12 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
     try:  # the request's own copy of the ids: whatever keeps the payload never sees the record grow
         params = call.sampling(budget, record.sample_index)
         labels: list[int] | None = None  # a continued sample's, one per token
+        kept = Kept()
         if call.pauses is None:
             answer, latency = await call.sender.sample(list(record.ids), params)
         else:
-            answer, latency, labels = await _continued_answer(call, call.pauses, list(record.ids), params)
+            answer, latency, kept = await _continued_answer(call, call.pauses, list(record.ids), params)
+            labels = kept.versions
     except RequestError as e:
         return "request_error", f"turn {turn}: {e}"
     call.trace("answer", record, turn)
@@ -199,18 +201,31 @@ async def sample_turn(call: EpisodeCall, record: EpisodeRecord, turn: int, budge
     said = Turn(turn, "assistant", text=text, tokens=len(sampled), logprob_mean=sum(lps) / len(lps) if lps else None,
                 finish_reason=read.finish if read.finish != "unknown" else None, cached_tokens=read.cached_tokens,
                 prompt_tokens=int(read.prompt_tokens or sent), latency_s=latency, rid=read.rid,
-                weight_version=read.weight_version, matched_stop=read.matched_stop)
+                weight_version=read.weight_version, matched_stop=read.matched_stop, n_segments=kept.segments,
+                kv_staleness=kept.kv, num_retractions=kept.retractions)
     return SampledTurn(said, sampled, lps, read.finish, read.rid, sent)
 
 
+@dataclass(frozen=True)
+class Kept:
+    """How a turn's tokens were sampled across pauses: the version index of each (None: one request
+    and its answer's `weight_version`), its requests, `client._continuation.Continued.kv` and the
+    server's retractions summed over its requests."""
+
+    versions: list[int] | None = None
+    segments: int = 1
+    kv: str = "fresh"
+    retractions: int = 0
+
+
 async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int], params: dict[str, Any]
-                            ) -> tuple[dict[str, Any], float, list[int]]:
+                            ) -> tuple[dict[str, Any], float, Kept]:
     """A turn's answer across pauses: the turn as one `Continued` sample, its requests sent through
     the call's sender once the pause gate is open, each answer kept (an abort: the tokens so far,
     and the rest sent as the same sequence), a request a pause turned away sent again; the sample
     as one SGLang entry (the finish normalised: an aborted segment at the budget is "length", one
-    ending on an EOS / stop token "stop"), the seconds it took, and the version index of each of
-    its tokens (`Continued.versions`).
+    ending on an EOS / stop token "stop"), the seconds it took, and how its tokens were sampled
+    (`Kept`: each one's version index, `Continued.versions`; its requests; what they attended to).
 
     Raises:
         RequestError: a request failed other than by a pause."""
@@ -239,7 +254,8 @@ async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int
             sample.drop_open()  # a pause turned it away inside a batch that went on
             continue
         sample.close(answer, answered_version=segment.sent_version, decode=decode)
-    return sample.entry(decode), time.perf_counter() - started, list(sample.versions)
+    kept = Kept(list(sample.versions), len(sample.segments), sample.kv(), sum(s.retractions for s in sample.segments))
+    return sample.entry(decode), time.perf_counter() - started, kept
 
 
 def env_turn(turn: int, reply: EnvReply, tokens: int = 0) -> Turn:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from typing_extensions import Unpack
 
+from ..client._continuation import kv_staleness
 from ..core._columns import COLUMNS, EPISODE_COLUMNS
 from ..core._options import RewardOptions, takes_options
 from ..core._ragged import row_offsets
@@ -113,13 +114,16 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
                           model: str = "", sampling: dict[str, Any] | None = None,
                           run_record: dict[str, Any] | None = None,
                           tools: Sequence[Mapping[str, Any]] | None = None,
-                          framework: bool = False) -> Episodes:
+                          framework: bool = False, current_version: int | None = None) -> Episodes:
     """An `Episodes` of `records` (prompt-major, as the runner fills them), one new run.
     `framework`: the episodes ran another framework's environment, so each row keeps its
     environment object (None where none was made) for reward functions that take `environments`.
     When some token's weight version index is known (the records' `versions`; a record whose
     `versions` do not line up with its ids counts as not known, -1), `versions` and the columns
-    `version_min` / `version_max` (over each row's sampled tokens; -1 for a row without one)."""
+    `version_min` / `version_max` (over each row's sampled tokens; -1 for a row without one),
+    `staleness` (`current_version`, the Engine's version index now, minus `version_min`; -1 for a
+    row without one; only given `current_version`), and, as a `GenerationJob`'s rows, `n_segments`
+    (its assistant turns' requests), `kv_staleness` (the worst of its turns') and `num_retractions`."""
     import pandas as pd
 
     n, run = len(records), new_run_id()
@@ -176,7 +180,8 @@ def episodes_from_records(records: Sequence[EpisodeRecord], *, pad_token_id: int
     steps = [r.step_rewards for r in records]
     if any(s is not None for s in steps):
         df["step_rewards"] = [s or [] for s in steps]
-    for name, values in {**_version_range(versions, rows_of, n), **data_columns([r.data for r in records])}.items():
+    columns = {**_version_columns(records, versions, rows_of, current_version), **data_columns([r.data for r in records])}
+    for name, values in columns.items():
         df[name] = values
     schemas = _json_safe(list(tools or [])) or None  # the same tools for every episode of the call
     meta = [{"turns": _turns_safe(r.turns), "traceback": r.traceback, "tools": schemas,
@@ -206,11 +211,26 @@ def _versions(records: Sequence[EpisodeRecord], count: int, response: np.ndarray
     return kept
 
 
-def _version_range(versions: np.ndarray | None, rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
-    """`version_min` / `version_max`: each of `n` rows' oldest and newest known version (`versions`
-    >= 0 of the tokens whose row is `rows`), int64, -1 for a row without one; none without versions."""
+def _version_columns(records: Sequence[EpisodeRecord], versions: np.ndarray | None, rows: np.ndarray,
+                     current: int | None) -> dict[str, Any]:
+    """`core._columns.VERSION_COLUMNS` of each record's row (none without versions; `staleness`
+    only given the `current` version index)."""
     if versions is None:
         return {}
+    columns: dict[str, Any] = _version_range(versions, rows, len(records))
+    low = columns["version_min"]
+    if current is not None:
+        columns["staleness"] = np.where(low < 0, -1, current - low)
+    turns = [r.assistant_turns for r in records]
+    columns["n_segments"] = [sum(int(t.get("n_segments") or 1) for t in ts) for ts in turns]
+    columns["kv_staleness"] = [kv_staleness(str(t.get("kv_staleness") or "fresh") for t in ts) for ts in turns]
+    columns["num_retractions"] = [sum(int(t.get("num_retractions") or 0) for t in ts) for ts in turns]
+    return columns
+
+
+def _version_range(versions: np.ndarray, rows: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """`version_min` / `version_max`: each of `n` rows' oldest and newest known version (`versions`
+    >= 0 of the tokens whose row is `rows`), int64, -1 for a row without one."""
     known = versions >= 0
     values, of = versions[known].astype(np.int64), rows[known]
     low, high = np.full(n, np.iinfo(np.int64).max), np.full(n, -1, np.int64)

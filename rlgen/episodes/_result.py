@@ -141,7 +141,9 @@ class Turn:
     """One turn of an episode: an assistant turn (`role` "assistant": sampled, one request) or the
     environment's reply after it (`role` "env"). Its fields are `TURN_COLUMNS` (after the episode's
     prompt_index and sample_index), then what only one role has: an assistant turn's `rid`,
-    `weight_version` and `matched_stop`; an environment reply's `status`, `done`, `calls` (per tool
+    `weight_version`, `matched_stop` and, as a `GenerationJob`'s rows have them, `n_segments` (its
+    requests: more than one when a weight update's pause cut it and it went on), `kv_staleness` and
+    `num_retractions`; an environment reply's `status`, `done`, `calls` (per tool
     call: name, arguments, status, error, result; a malformed call's parser), `roles` (of its
     messages), `reward` (the step's, when the environment gives one) and `info` (what else it said). `as_dict()` is the
     form a record keeps (and a parquet file stores): each role's own keys, in a fixed order."""
@@ -160,6 +162,9 @@ class Turn:
     rid: str | None = None
     weight_version: Any = None
     matched_stop: Any = None
+    n_segments: int = 1
+    kv_staleness: str = "fresh"
+    num_retractions: int = 0
     status: str | None = None
     done: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -171,7 +176,8 @@ class Turn:
     _KEYS: ClassVar[dict[str, tuple[str, ...]]] = {
         role: ("turn", "role", "text", "tokens", "logprob_mean", "tool_calls", "tool_calls_failed", "finish_reason",
                "cached_tokens", "prompt_tokens", "latency_s", *own)
-        for role, own in (("assistant", ("rid", "weight_version", "matched_stop")),
+        for role, own in (("assistant", ("rid", "weight_version", "matched_stop", "n_segments", "kv_staleness",
+                                         "num_retractions")),
                           ("env", ("status", "done", "calls", "roles", "reward", "info")))}
 
     def as_dict(self) -> dict[str, Any]:

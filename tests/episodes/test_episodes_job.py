@@ -72,6 +72,7 @@ def test_background_episodes_return_at_once_and_equal_a_synchronous_call(eng: rl
     p = job.progress
     assert (p.done, p.total, p.turns, p.updates) == (4, 4, 12, 0) and p.tokens == res.records[0].sampled_tokens * 4
     assert "EpisodesJob done" in repr(job) and eng.last_episodes is res and job.result() is res
+    assert '<progress value="4" max="4"' in job._repr_html_() and "12 turns" in job._repr_html_()
     whole(res, reference)
 
 
@@ -118,6 +119,12 @@ def test_a_push_under_abort_mid_turn_continues_every_turn(eng: rlgen.Engine, ref
     labels = sampled_versions(res)
     assert set(labels.tolist()) == {before, before + 1} and int((labels == before).sum()) > 0
     assert res.df.version_min.tolist() == [before] * 4 and res.df.version_max.tolist() == [before + 1] * 4
+    # as a GenerationJob's rows: how stale each row is now, its requests (the cut turn's two and the
+    # others' one each), and what its tokens attended to (abort: the continuation recomputed its keys)
+    assert res.df.staleness.tolist() == [1] * 4 and set(res.df.kv_staleness) == {"fresh"}
+    segments = [sum(t["n_segments"] for t in r.assistant_turns) for r in res.records]
+    assert res.df.n_segments.tolist() == segments and all(n > KW["max_turns"] for n in segments)
+    assert sum(segments) == counter(eng, "sglang:num_requests_total") - requests0
     # kept through selection and parquet, as a generate() result's
     assert res[[3, 0]].versions.tolist() == res.versions[[3, 0]].tolist()
     res.to_parquet(tmp_path / "e.parquet")
@@ -131,6 +138,7 @@ def test_a_synchronous_call_labels_its_sampled_tokens_with_the_current_version(e
     res = eng.episodes(PROMPTS, env=again, **{**KW, "max_turns": 2, "max_new_tokens": 4})
     assert set(sampled_versions(res).tolist()) == {eng.version_index}
     assert res.df.version_min.tolist() == res.df.version_max.tolist() == [eng.version_index] * 4
+    assert res.df.staleness.tolist() == [0] * 4 and res.df.n_segments.tolist() == [2] * 4
 
 
 @pytest.mark.timeout(60)

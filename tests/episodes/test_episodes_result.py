@@ -112,7 +112,9 @@ def test_selection_concat_and_parquet_keep_episodes_whole(res: Episodes, tmp_pat
 def test_records_rebuild_the_same_episodes(res: Episodes) -> None:
     again = episodes_from_records(res.records, pad_token_id=res.pad_token_id)
     assert [r.ids for r in again.records] == [r.ids for r in res.records]
-    assert again.df.drop(columns=["run", "prompt"]).equals(res.df.drop(columns=["run", "prompt"]))
+    # staleness is against the Engine's version when the call ended: records alone do not know it
+    assert "staleness" not in again.df and set(res.df.staleness) == {0}
+    assert again.df.drop(columns=["run", "prompt"]).equals(res.df.drop(columns=["run", "prompt", "staleness"]))
 
 
 @pytest.mark.timeout(180)
@@ -180,7 +182,8 @@ def test_a_turn_is_kept_as_the_dict_of_its_role_with_the_turns_frame_columns_in_
     from rlgen.episodes._result import TURN_COLUMNS
 
     common = TURN_COLUMNS[2:]  # turn ... latency_s
-    assert list(Turn(0, "assistant").as_dict()) == [*common, "rid", "weight_version", "matched_stop"]
+    assert list(Turn(0, "assistant").as_dict()) == [*common, "rid", "weight_version", "matched_stop",
+                                                           "n_segments", "kv_staleness", "num_retractions"]
     said = Turn(1, "env", text="4", tokens=3, tool_calls=1, tool_calls_failed=0, status=None, done=False)
     assert list(said.as_dict()) == [*common, "status", "done", "calls", "roles", "reward", "info"]
     assert said.as_dict()["tokens"] == 3 and said.as_dict()["logprob_mean"] is None
