@@ -1,7 +1,8 @@
-"""Off-policy generation (issue 46): a job that spans a weight push, the pause around the push, and
-the trainer's logprobs of the rollouts against one forward pass.
+"""Off-policy generation (issue 46): a job that spans a weight push, the pause around the push, the
+trainer's logprobs of the rollouts against one forward pass, and the sampler-trainer mismatch with
+SGLang's deterministic inference off and on.
 
-Not a test. Starts ONE server with `rlgen.Engine(model, backend=...)` (on SGLang with the site flags,
+Not a test. Starts ONE server for phases span and trainer (phase deterministic: one per arm) with `rlgen.Engine(model, backend=...)` (on SGLang with the site flags,
 `_common.site_flags()`, and `--gpu-memory-fraction` (0.5) of the GPU, so the trainer fits beside it)
 and loads the trainer in this process: `transformers.AutoModelForCausalLM.from_pretrained(model)`,
 bf16 on the GPU when there is one (the server's GPU: SGLang maps the pushed tensors by CUDA IPC),
@@ -65,6 +66,31 @@ each timed between torch.cuda.synchronize() calls, with its peak GPU memory. The
 (`SamplerMismatch.summary`: verl's and TRL's numbers: k3_kl, log_ppl_diff, sampling_logp_difference,
 the TIS and MIS fractions; SGLang bf16 against transformers) is recorded from the last run.
 
+Phase `deterministic` (not in the default `--phases`): how much of the sampler-trainer mismatch
+SGLang's `--enable-deterministic-inference` removes, and what it buys run to run. It closes the
+server span and trainer share (started again if a later phase needs it) and runs two arms, `off` then
+`on`, each on a server of its own, started as above with `--enable-deterministic-inference` after the
+bench's own flags for `on`. On `--backend cpu` only `off` runs and `on` is recorded as skipped, with
+the reason: rlgen.cpu_server has no deterministic mode (it does not define the flag; it warns about
+and ignores unknown flags, so an `on` arm would be the `off` arm again; its sampling honours
+sampling_seed always). Per arm: the prompts above x max_new_tokens (ignore_eos), temperature 1.0,
+logprobs on, `seed=1234` (SGLang's sampling_seed, honoured only in deterministic mode), one job
+after a cache flush, then the same batch again after another flush; the server is closed; then
+`rlgen.sampler_vs_trainer(first batch, trainer, batch_size=--batch-size)` against the trainer the
+other phases use (loaded once, after the first server is up; set back to the checkpoint's weights,
+what a fresh server serves). Recorded per arm (`deterministic.arms.<arm>`): `start_s` (the server's
+start, Engine() to ready), `batch` (seconds, tokens, tok/s of the first batch), `mismatch`: tokens
+compared, abs_log_ratio_mean / _max (mean and max |log r| over them, log r = lp_trainer -
+lp_sampler), k3_kl (mean k3), tis_token_clip_fraction (share of tokens with r > 2, the TIS cap) and
+mis_token_mask_fraction (r outside [0.5, 2], the MIS bounds), at sampler_vs_trainer's defaults,
+with the whole summary and the scoring seconds; `rerun` (the second batch's timing and
+`run_to_run`): identical_ids (every row's sampled ids and length the same), rows_identical,
+tokens_differing, and max_abs_logprob_diff / mean_ (|logprob first - second| over each row's
+positions up to its first differing token: the same token after the same prefix). Reported: a row
+per arm, "mismatch removed by deterministic mode: X% of mean |log r|" (1 - on / off; n/a when an arm
+did not run), and the run-to-run lines. A measurement: no target, no verdict. --budget-s: the `on`
+arm is not started (recorded as skipped) once the `off` arm's wall time would end past the budget.
+
 Targets (issue 46: H200 (H100 allowed), 1.7B, side by side in one run), each judged on a 90%
 percentile bootstrap interval (4,000 draws, seed 0; each run set resampled on its own) with
 `_common.Targets.check_interval`: PASS if the whole interval is on the good side of the bound, FAIL
@@ -95,6 +121,7 @@ says which phase was cut short. Every run is saved as it ends; the report is pri
     python bench/offpolicy.py --backend sglang --out offpolicy.json                    # the GPU machine
     python bench/offpolicy.py --backend sglang --model /tmp/ckpt/llama-1.7b --phases trainer,span --out o.json
     python bench/offpolicy.py --backend cpu --quick --out /tmp/offpolicy.json          # smoke test anywhere
+    python bench/offpolicy.py --backend sglang --phases deterministic --out det.json        # off vs on
     python bench/offpolicy.py --report-only offpolicy.json --out again.json
 """
 
@@ -113,10 +140,17 @@ from typing import Any
 import _common as C
 
 REPEATS = 5
-PHASES = ("span", "trainer")
+PHASES = ("span", "trainer", "deterministic")
+DEFAULT_PHASES = ("span", "trainer")
 MODES = ("abort", "retract", "in_place")
 SPAN_METHODS = ("none", *MODES, "push")
 TRAINER_METHODS = ("sampler_vs_trainer", "forward")
+DETERMINISTIC_ARMS = ("off", "on")
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+DETERMINISTIC_SEED = 1234
+CPU_SKIP = ("the CPU backend has no deterministic mode: rlgen.cpu_server does not define "
+            "--enable-deterministic-inference (it warns about and ignores unknown flags, so an 'on' arm would be the "
+            "off arm again); its sampling honours sampling_seed always")
 SIZES = {"full": {"prompts": 256, "max_new_tokens": 512, "batch_size": 32},
          "quick": {"prompts": 4, "max_new_tokens": 16, "batch_size": 4}}
 SCALE = 1.01              # the perturbed tensor on odd pushes (x 1.001 would mostly round back in bf16)
@@ -154,6 +188,16 @@ class Trainer:
         return {"device": self.device, "dtype": str(self.dtype), "load_s": self.load_s, "perturbed": self.name,
                 "perturbed_shape": list(self.param.shape), "scale": SCALE, "push": self.push_what,
                 "parameters": sum(p.numel() for p in self.model.parameters())}
+
+    def restore(self) -> None:
+        """Hold the checkpoint's weights again (what a freshly started server serves); the next push
+        perturbs."""
+        import torch
+
+        with torch.no_grad():
+            self.param.copy_(self.original)
+        self.pushes += self.pushes % 2
+        self.in_sync = True
 
     def push(self, eng: Any, pause: str | None) -> tuple[float, str]:
         """Perturb (or restore) the tensor, push, and return (the update call's seconds, the version)."""
@@ -486,6 +530,130 @@ def plain(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# Deterministic: the mismatch and run-to-run reproducibility, SGLang's deterministic mode off and on
+
+
+def deterministic_phase(setup: Setup, record: C.Record, budget_end: float | None) -> None:
+    """Each arm (off, then on) on a server of its own, recorded and saved as it ends; an arm that
+    fails is recorded and the next one goes on."""
+    phase = record["deterministic"] = {"seed": DETERMINISTIC_SEED, "flag": DETERMINISTIC_FLAG, "arms": {},
+                                       "cut_short": None}
+    setup.close()  # each arm's server takes the shared server's share of the GPU
+    longest = 0.0
+    for arm in DETERMINISTIC_ARMS:
+        if arm == "on" and setup.args.backend == "cpu":
+            phase["arms"][arm] = {"status": "skipped", "reason": CPU_SKIP}
+            C.log(f"deterministic: {arm}: skipped: {CPU_SKIP}")
+            continue
+        if budget_end is not None and time.monotonic() + longest > budget_end:
+            phase["cut_short"] = f"cut short by --budget-s before the {arm} arm (an arm took up to {longest:.0f} s)"
+            phase["arms"][arm] = {"status": "skipped", "reason": phase["cut_short"]}
+            C.log(f"deterministic: {phase['cut_short']}")
+            continue
+        t0 = time.monotonic()
+        try:
+            phase["arms"][arm] = deterministic_arm(setup, arm, record["sizes"])
+        except Exception as err:  # recorded; the next arm goes on
+            phase["arms"][arm] = {"status": "failed", "error": f"{type(err).__name__}: {err}",
+                                  "traceback": traceback.format_exc(limit=10)}
+            C.log(f"deterministic: {arm}: FAILED: {type(err).__name__}: {str(err)[:300]}")
+        longest = max(longest, time.monotonic() - t0)
+        phase["arms"][arm]["wall_s"] = time.monotonic() - t0
+        record.save()
+    phase["removed"] = removed_share(phase["arms"])
+    record.save()
+
+
+def deterministic_arm(setup: Setup, arm: str, size: dict[str, Any]) -> dict[str, Any]:
+    """A fresh server (on: with the flag), the seeded batch twice, then the first scored by the trainer."""
+    import rlgen
+
+    flags = [DETERMINISTIC_FLAG] if arm == "on" else []
+    eng, server = setup.start_engine(f"server-deterministic-{arm}", flags)
+    try:
+        trainer, prompts = setup.trainer_and_prompts(eng)
+        first, batch = seeded_batch(eng, prompts, size)
+        second, again = seeded_batch(eng, prompts, size)
+    finally:
+        eng.close()
+    trainer.restore()  # the checkpoint's weights: what this arm's fresh server served
+    t0 = time.perf_counter()
+    mm = rlgen.sampler_vs_trainer(first, trainer.model, batch_size=size["batch_size"], progress=False)
+    score_s = time.perf_counter() - t0
+    out = {"status": "ran", "server_args": flags, "server": server, "start_s": server["start_s"],
+           "batch": batch, "mismatch": {**mismatch_numbers(mm), "score_s": score_s},
+           "rerun": {**again, **run_to_run(first, second)}}
+    m, r = out["mismatch"], out["rerun"]
+    C.log(f"deterministic: {arm}: start {server['start_s']:.1f} s, {batch['tokens']} tokens at "
+          f"{batch['tok_s']:,.0f} tok/s; mean |log r| {C.fmt(m['abs_log_ratio_mean'], '.4g')}, max "
+          f"{C.fmt(m['abs_log_ratio_max'], '.4g')}, k3 {C.fmt(m['k3_kl'], '.3g')}; again: identical ids "
+          f"{r['identical_ids']}, max |logprob diff| {C.fmt(r['max_abs_logprob_diff'], '.3g')}")
+    return out
+
+
+def seeded_batch(eng: Any, prompts: list[list[int]], size: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The prompts sampled once with the fixed seed, after a cache flush; the result and its timing."""
+    import warnings
+
+    flush(eng)
+    gc.collect()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():  # the off arm's server ignores the seed: recorded as honours_seed
+        warnings.filterwarnings("ignore", message="seed= will not make sampling reproducible")
+        res = eng.submit(prompts, max_new_tokens=size["max_new_tokens"], temperature=1.0, ignore_eos=True,
+                         logprobs=True, seed=DETERMINISTIC_SEED, progress=False).result()
+    seconds = time.perf_counter() - t0
+    return res, {"seconds": seconds, "tokens": int(res.n_tokens), "tok_s": res.n_tokens / seconds}
+
+
+def mismatch_numbers(mm: Any) -> dict[str, Any]:
+    """What the phase reports of a `SamplerMismatch`: |log r| over the compared tokens, and the summary's."""
+    s = mm.summary
+    abs_lr = mm.log_ratio[mm.mask].abs()
+    return {"tokens": int(s["tokens"]),
+            "abs_log_ratio_mean": float(abs_lr.mean()) if abs_lr.numel() else None,
+            "abs_log_ratio_max": float(abs_lr.max()) if abs_lr.numel() else None,
+            "k3_kl": plain(s["k3_kl"]), "tis_token_clip_fraction": plain(s["tis_token_clip_fraction"]),
+            "mis_token_mask_fraction": plain(s["mis_token_mask_fraction"]), "tis_cap": s["tis_cap"],
+            "mis_bounds": [s["mis_lower"], s["mis_upper"]], "summary": plain(s), "notes": list(mm.notes)}
+
+
+def run_to_run(a: Any, b: Any) -> dict[str, Any]:
+    """The same seeded batch twice: whether every sampled token id is the same, and the largest
+    |logprob difference| over each row's positions up to its first differing token (same prefix,
+    same token: the same computation, had it been deterministic)."""
+    import torch
+
+    ta, tb = a.tensors(), b.tensors()
+    width = min(ta["response_ids"].shape[-1], tb["response_ids"].shape[-1])
+    ids_a, ids_b = ta["response_ids"][:, :width], tb["response_ids"][:, :width]
+    ma, mb = ta["response_mask"][:, :width].bool(), tb["response_mask"][:, :width].bool()
+    lp_a, lp_b = ta["logprobs"][:, :width].double(), tb["logprobs"][:, :width].double()
+    same_shape = ta["response_mask"].shape == tb["response_mask"].shape
+    same = ((ids_a == ids_b) | ~(ma | mb)) & (ma == mb)
+    rows_identical = same.all(-1)
+    prefix = ((ids_a == ids_b) & ma & mb).long().cumprod(-1).bool() & lp_a.isfinite() & lp_b.isfinite()
+    diff = (lp_a - lp_b).abs()[prefix]
+    return {"identical_ids": bool(same_shape and rows_identical.all()), "rows": len(rows_identical),
+            "rows_identical": int(rows_identical.sum()), "tokens_differing": int(((ids_a != ids_b) & ma & mb).sum()),
+            "logprob_positions_compared": int(prefix.sum()),
+            "max_abs_logprob_diff": float(diff.max()) if diff.numel() else None,
+            "mean_abs_logprob_diff": float(diff.mean()) if diff.numel() else None,
+            "logprobs_identical": bool(diff.numel() and torch.equal(lp_a[prefix], lp_b[prefix]))}
+
+
+def removed_share(arms: dict[str, Any]) -> dict[str, Any]:
+    """1 - on / off of the mean |log r|: the share of the mismatch deterministic mode removes."""
+    off, on = ((arms.get(arm) or {}).get("mismatch", {}).get("abs_log_ratio_mean") for arm in DETERMINISTIC_ARMS)
+    if off is None or on is None:
+        missing = [arm for arm, v in zip(DETERMINISTIC_ARMS, (off, on)) if v is None]
+        why = "; ".join(f"the {arm} arm {(arms.get(arm) or {}).get('status') or 'not run'}" for arm in missing)
+        return {"off": off, "on": on, "share": None, "why": why}
+    return {"off": off, "on": on, "share": 1 - on / off if off > 0 else None,
+            "why": None if off > 0 else "the off arm has no mismatch to remove"}
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -650,6 +818,42 @@ def report_trainer(phase: dict[str, Any], targets: C.Targets) -> None:
                            op="<", unit="x", wrong=wrong)
 
 
+def report_deterministic(phase: dict[str, Any]) -> None:
+    """Each arm's numbers, the share of the mismatch deterministic mode removes, the run-to-run figures.
+    A measurement: nothing is judged."""
+    rows = []
+    for arm in DETERMINISTIC_ARMS:
+        a = (phase.get("arms") or {}).get(arm) or {}
+        m, r, b = a.get("mismatch") or {}, a.get("rerun") or {}, a.get("batch") or {}
+        rows.append([arm, a.get("status") or "not run", C.fmt(a.get("start_s"), ".1f"), C.fmt(m.get("tokens")),
+                     C.fmt(b.get("tok_s")), C.fmt(m.get("abs_log_ratio_mean"), ".4g"),
+                     C.fmt(m.get("abs_log_ratio_max"), ".4g"), C.fmt(m.get("k3_kl"), ".3g"),
+                     C.fmt(m.get("tis_token_clip_fraction"), ".3g"), C.fmt(m.get("mis_token_mask_fraction"), ".3g"),
+                     "-" if r.get("identical_ids") is None else ("yes" if r["identical_ids"] else "NO"),
+                     C.fmt(r.get("max_abs_logprob_diff"), ".3g")])
+    C.print_table(f"deterministic: sampler vs trainer, server's {phase.get('flag')} off and on (one batch, seed "
+                  f"{phase.get('seed')}, T=1; TIS cap 2, MIS [0.5, 2]; again: the same batch sampled a second time)",
+                  ["arm", "status", "start s", "tokens", "tok/s", "mean |log r|", "max |log r|", "k3 KL", "TIS clip",
+                   "MIS mask", "again identical", "again max |dlp|"], rows)
+    for arm in DETERMINISTIC_ARMS:
+        a = (phase.get("arms") or {}).get(arm) or {}
+        if a.get("status") in ("skipped", "failed"):
+            print(f"  {arm}: {a['status']}: {a.get('reason') or a.get('error')}", flush=True)
+    removed = phase.get("removed") or {}
+    share = removed.get("share")
+    shown = f"{100 * share:.1f}%" if share is not None else f"n/a ({removed.get('why')})"
+    print(f"  mismatch removed by deterministic mode: {shown} of mean |log r| (1 - on/off: "
+          f"{C.fmt(removed.get('on'), '.4g')} / {C.fmt(removed.get('off'), '.4g')})", flush=True)
+    for arm in DETERMINISTIC_ARMS:
+        r = ((phase.get("arms") or {}).get(arm) or {}).get("rerun")
+        if r:
+            print(f"  run to run, {arm}: sampled ids {'identical' if r['identical_ids'] else 'DIFFER'} "
+                  f"({r['rows_identical']}/{r['rows']} rows, {r['tokens_differing']} tokens differ); max |logprob "
+                  f"difference| {C.fmt(r['max_abs_logprob_diff'], '.3g')} over {r['logprob_positions_compared']} "
+                  f"positions of equal prefixes", flush=True)
+    print("  (a measurement: no target, nothing judged)", flush=True)
+
+
 def report(record: C.Record) -> None:
     data = record.data
     env = data.get("environment") or {}
@@ -662,6 +866,8 @@ def report(record: C.Record) -> None:
         report_span(data["span"], targets, record)
     if "trainer" in data:
         report_trainer(data["trainer"], targets)
+    if "deterministic" in data:
+        report_deterministic(data["deterministic"])
     for name in PHASES:
         if (data.get(name) or {}).get("error"):
             print(f"\nphase {name} FAILED: {data[name]['error']}", flush=True)
@@ -674,53 +880,96 @@ def report(record: C.Record) -> None:
 # Main
 
 
-def measure(args: Any, model: str, record: C.Record, budget_end: float | None) -> None:
-    import rlgen
+class Setup:
+    """What the phases share, made when a phase first needs it: the server of span and trainer
+    (started again if a deterministic phase closed it), the trainer (loaded once, after a server is
+    up), and the prompts (rendered once)."""
 
-    size = record["sizes"]
-    C.log(f"starting rlgen.Engine({model!r}, backend={args.backend!r}) ...")
-    t0 = time.monotonic()
-    on_gpu = args.backend == "sglang"
-    eng = rlgen.Engine(model, backend=args.backend, progress=False, log_dir=C.logs_dir(args.out, "server"),
-                       gpu_memory_fraction=args.gpu_memory_fraction if on_gpu else None)
-    try:
+    def __init__(self, args: Any, model: str, record: C.Record) -> None:
+        self.args, self.model, self.record = args, model, record
+        self.on_gpu = args.backend == "sglang"
+        self.eng: Any = None
+        self.trainer: Trainer | None = None
+        self.prompts: list[list[int]] | None = None
+
+    def start_engine(self, name: str, flags: list[str]) -> tuple[Any, dict[str, Any]]:
+        """A server, as every phase starts one, with `flags` after the bench's own; it and what it says."""
+        import rlgen
+
+        C.log(f"starting rlgen.Engine({self.model!r}, backend={self.args.backend!r}"
+              f"{f', server_args={flags}' if flags else ''}) ...")
+        t0 = time.monotonic()
+        fraction = self.args.gpu_memory_fraction if self.on_gpu else None
+        eng = rlgen.Engine(self.model, backend=self.args.backend, progress=False, server_args=flags or None,
+                           log_dir=C.logs_dir(self.args.out, name), gpu_memory_fraction=fraction)
         info = eng.server_info or {}
-        record["server"] = {"backend": eng.backend, "start_s": time.monotonic() - t0, "url": eng.url,
-                            "argv": (eng.info or {}).get("command"),
-                            "max_total_num_tokens": info.get("max_total_num_tokens"),
-                            "gpu_memory_fraction": args.gpu_memory_fraction if on_gpu else None}
-        C.log(f"server ready in {record['server']['start_s']:.1f} s; KV tokens {info.get('max_total_num_tokens')}")
-        trainer = Trainer(model, args.push or ("model" if on_gpu else "tensor"))
-        record["trainer_model"] = trainer.summary()
-        prompts = C.chat_prompts(size["prompts"], eng.tokenizer, seed=0)
-        record["workload"] = {"prompts": len(prompts), "prompt_tokens_min": min(map(len, prompts)),
-                              "prompt_tokens_max": max(map(len, prompts)),
-                              "options": {"max_new_tokens": size["max_new_tokens"], "temperature": 1.0,
-                                          "ignore_eos": True, "logprobs": True,
-                                          "sampling_params": {"stream_interval": size["stream_interval"]}}}
+        server = {"backend": eng.backend, "start_s": time.monotonic() - t0, "url": eng.url,
+                  "argv": (eng.info or {}).get("command"), "max_total_num_tokens": info.get("max_total_num_tokens"),
+                  "gpu_memory_fraction": fraction,
+                  "enable_deterministic_inference": info.get("enable_deterministic_inference")}
+        C.log(f"server ready in {server['start_s']:.1f} s; KV tokens {info.get('max_total_num_tokens')}")
+        self.record.data.setdefault("server", server)
+        return eng, server
+
+    def trainer_and_prompts(self, eng: Any) -> tuple[Trainer, list[list[int]]]:
+        size, record = self.record["sizes"], self.record
+        if self.trainer is None:
+            self.trainer = Trainer(self.model, self.args.push or ("model" if self.on_gpu else "tensor"))
+            record["trainer_model"] = self.trainer.summary()
+            C.log(f"trainer on {self.trainer.device} ({self.trainer.load_s:.1f} s), pushing {self.trainer.push_what}")
+        if self.prompts is None:
+            self.prompts = C.chat_prompts(size["prompts"], eng.tokenizer, seed=0)
+            record["workload"] = {"prompts": len(self.prompts), "prompt_tokens_min": min(map(len, self.prompts)),
+                                  "prompt_tokens_max": max(map(len, self.prompts)),
+                                  "options": {"max_new_tokens": size["max_new_tokens"], "temperature": 1.0,
+                                              "ignore_eos": True, "logprobs": True,
+                                              "sampling_params": {"stream_interval": size["stream_interval"]}}}
+            C.log(f"{len(self.prompts)} prompts x {size['max_new_tokens']} tokens, push at {size['push_at']:g} "
+                  f"(chunks every {size['stream_interval']} tokens)")
         record.save()
-        C.log(f"trainer on {trainer.device} ({trainer.load_s:.1f} s); {len(prompts)} prompts x "
-              f"{size['max_new_tokens']} tokens, push at {size['push_at']:g} (chunks every "
-              f"{size['stream_interval']} tokens), pushing {trainer.push_what}")
+        return self.trainer, self.prompts
+
+    def server(self) -> tuple[Any, Trainer, list[list[int]]]:
+        """The server span and trainer share (the trainer holding the weights it serves)."""
+        if self.eng is None:
+            self.eng, self.record["server"] = self.start_engine("server", [])
+            if self.trainer is not None:
+                self.trainer.restore()  # a fresh server serves the checkpoint's weights
+        return (self.eng, *self.trainer_and_prompts(self.eng))
+
+    def close(self) -> None:
+        if self.eng is not None:
+            C.log("closing the server")
+            eng, self.eng = self.eng, None
+            eng.close()
+
+
+def measure(args: Any, model: str, record: C.Record, budget_end: float | None) -> None:
+    setup = Setup(args, model, record)
+    try:
         for name in args.phases:
             try:
-                (span_phase if name == "span" else trainer_phase)(eng, trainer, prompts, size, args, record,
-                                                                  budget_end)
+                if name == "deterministic":
+                    deterministic_phase(setup, record, budget_end)
+                else:
+                    eng, trainer, prompts = setup.server()
+                    (span_phase if name == "span" else trainer_phase)(eng, trainer, prompts, record["sizes"], args,
+                                                                      record, budget_end)
             except Exception as err:  # report what there is, go on with the next phase
                 record.data.setdefault(name, {})["error"] = f"{type(err).__name__}: {err}"
                 record.data[name]["traceback"] = traceback.format_exc(limit=10)
                 C.log(f"phase {name} FAILED: {type(err).__name__}: {err}")
             record.save()
     finally:
-        C.log("closing the server")
-        eng.close()
+        setup.close()
 
 
 def main() -> None:
     started = time.monotonic()
     ap = C.base_parser(__doc__, repeats=REPEATS)
-    ap.add_argument("--phases", default=",".join(PHASES),
-                    help=f"comma-separated, run in this order, of {','.join(PHASES)} (default {','.join(PHASES)})")
+    ap.add_argument("--phases", default=",".join(DEFAULT_PHASES),
+                    help=f"comma-separated, run in this order, of {','.join(PHASES)} (default "
+                         f"{','.join(DEFAULT_PHASES)})")
     ap.add_argument("--prompts", type=int, default=None, help="chat prompts per job (default 256; 4 with --quick)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="tokens per sample, exactly (ignore_eos) (default 512; 16 with --quick)")

@@ -726,3 +726,46 @@ def test_offpolicy_bench_runs_both_phases_on_the_cpu_backend_and_reports_again(i
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((tmp_path / "again.json").read_text())["targets"] == data["targets"]
+
+
+# bench/offpolicy.py's phase deterministic on the CPU backend: the off arm runs (4 prompts x 8 tokens,
+# sampled twice with one seed), the on arm is skipped (the CPU server has no deterministic mode)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_offpolicy_bench_deterministic_phase_runs_the_off_arm_and_skips_on_on_the_cpu_backend(
+        isolated: str, model_path: str, tmp_path: Path) -> None:
+    import json
+    import math
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "offpolicy.py"
+    out = tmp_path / "offpolicy.json"
+    done = subprocess.run([sys.executable, str(script), "--phases", "deterministic", "--backend", "cpu", "--quick",
+                           "--prompts", "4", "--max-new-tokens", "8", "--model", model_path, "--out", str(out)],
+                          capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["complete"] and "error" not in data, data.get("error")
+    assert data["phases"] == ["deterministic"] and "span" not in data and "trainer" not in data
+    phase = data["deterministic"]
+    assert "error" not in phase and phase["cut_short"] is None
+    off, on = phase["arms"]["off"], phase["arms"]["on"]
+    assert off["status"] == "ran" and off["server_args"] == [] and off["start_s"] > 0, off.get("error")
+    m = off["mismatch"]
+    assert m["tokens"] == 32 and off["batch"]["tokens"] == 32 and off["batch"]["tok_s"] > 0
+    for key in ("abs_log_ratio_mean", "abs_log_ratio_max", "k3_kl", "tis_token_clip_fraction",
+                "mis_token_mask_fraction"):
+        assert isinstance(m[key], float) and math.isfinite(m[key]) and m[key] >= 0, (key, m[key])
+    assert m["abs_log_ratio_mean"] < 1e-3 and m["tis_token_clip_fraction"] == m["mis_token_mask_fraction"] == 0
+    rerun = off["rerun"]  # the CPU backend honours sampling_seed: the same ids again
+    assert rerun["identical_ids"] is True and rerun["rows"] == rerun["rows_identical"] == 4
+    assert rerun["tokens_differing"] == 0 and rerun["logprob_positions_compared"] == 32
+    assert 0 <= rerun["max_abs_logprob_diff"] < 1e-3 and rerun["tokens"] == 32
+    assert on["status"] == "skipped" and "CPU backend" in on["reason"] and "mismatch" not in on
+    assert phase["removed"]["share"] is None and phase["removed"]["off"] == m["abs_log_ratio_mean"]
+    assert data["trainer_model"]["device"] == "cpu" and data["targets"] == []
+    for text in ("deterministic: sampler vs trainer", "mismatch removed by deterministic mode: n/a",
+                 "run to run, off: sampled ids identical"):
+        assert text in done.stdout

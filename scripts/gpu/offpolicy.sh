@@ -14,6 +14,9 @@
 #                                              # the trainer phase first, then span until --budget-s 470
 #                                              # (a round of span is 4 jobs + a push, ~30-45 s at 1.7B: 5 rounds
 #                                              # may not all fit a fresh machine's call; the report says how many ran)
+#   bash scripts/gpu/offpolicy.sh deterministic  # 135M: phase deterministic only (not in small or large): sampler
+#                                              # vs trainer with --enable-deterministic-inference off, then on (a
+#                                              # server each; one seeded batch, sampled twice) (~3-5 min fresh)
 #   bash scripts/gpu/offpolicy.sh conformance  # tests/conformance/test_pause.py against a real SGLang server
 #                                              # (pause and continue on the wire, every mode) (~3-4 min fresh)
 # Each bench part is killed at 540 s (`timeout`) and stops starting rounds at 470 s (--budget-s), so it
@@ -44,6 +47,7 @@ python3 bench/_common.py --for "bash scripts/gpu/offpolicy.sh $PART" > "$OUT/env
 case "$PART" in
   small) bench 0.135b "$RLGEN_TEST_MODEL" 7 ;;
   large) bench 1.7b "$(large_model)" 5 --phases trainer,span ;;
+  deterministic) bench 0.135b-deterministic "$RLGEN_TEST_MODEL" 1 --phases deterministic ;;
   conformance)
     start_sglang 30000 "$OUT/sglang-conformance-pause.log" --mem-fraction-static 0.3 --enable-memory-saver \
       --disable-cuda-graph || exit 1
@@ -51,7 +55,7 @@ case "$PART" in
       -p no:cacheprovider --junitxml="$OUT/conformance-pause.xml" > "$OUT/conformance-pause.txt" 2>&1
     echo "conformance test_pause.py: exit $?"; tail -30 "$OUT/conformance-pause.txt"
     stop_sglang ;;
-  *) echo "usage: bash scripts/gpu/offpolicy.sh small|large|conformance" >&2
+  *) echo "usage: bash scripts/gpu/offpolicy.sh small|large|deterministic|conformance" >&2
      exit 2 ;;
 esac
 ps aux | grep -E "[s]glang.launch_server" | head -5 > "$OUT/leftover-offpolicy-$PART.txt"
