@@ -15,6 +15,9 @@ named `lab-episodes-*`. `--notebook runlog` opens a copy of notebook 08's record
 trend, re-scores and diffs it, and shows the log browser and the diff's browser (`lab-runlog-*`).
 `--notebook envs` runs a TRL environment class with a failing tool and SkyRL-gym's GSM8K
 environment (one row without a ground truth) unchanged, and browses the failed episodes (`lab-envs-*`).
+`--file notebooks/10_off_policy.ipynb` runs one of the tutorials as it is (from a copy of
+notebooks/, so its data files are there; outputs cleared first), waiting until every code cell has
+run; its files are named `lab-<stem>-*` (e.g. `lab-10_off_policy-trusted-output3.png`).
 
 1. trusted: the notebook is opened in JupyterLab and run there (Run > Run All Cells);
 2. untrusted: the same notebook executed by nbconvert first, then opened (JupyterLab does not
@@ -156,6 +159,19 @@ def notebook(cells: list[str] = CELLS) -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
+def cleared(nb: dict) -> dict:
+    """`nb` with every code cell's outputs and execution count removed (a fresh run's starting point)."""
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    return nb
+
+
+VISIBLE = "[...document.querySelectorAll('.jp-Notebook')].find(n => n.checkVisibility())"
+# A tutorial has run once every code cell shows its execution count ("[12]:"), none still "[*]:".
+ALL_RAN = f"[...{VISIBLE}.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].every(p => /\\[\\d+\\]/.test(p.textContent))"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,15 +220,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     parser.add_argument("--notebook", choices=sorted(NOTEBOOKS), default="view")
+    parser.add_argument("--file", type=Path, help="a tutorial to run as it is, instead of --notebook's cells")
     args = parser.parse_args()
-    cells = NOTEBOOKS[args.notebook]
-    prefix = "lab" if args.notebook == "view" else f"lab-{args.notebook}"
     args.out.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
     work = Path(tempfile.mkdtemp(prefix="rlgen-lab-"))
-    (work / "live.ipynb").write_text(json.dumps(notebook(cells)))
-    (work / "executed.ipynb").write_text(json.dumps(notebook(cells)))
+    if args.file is not None:
+        prefix, done = f"lab-{args.file.stem}", ALL_RAN
+        shutil.copytree(args.file.resolve().parent, work, dirs_exist_ok=True)
+        for name in ("live.ipynb", "executed.ipynb"):
+            (work / name).write_text(json.dumps(cleared(json.loads(args.file.read_text()))))
+    else:
+        cells = NOTEBOOKS[args.notebook]
+        prefix = "lab" if args.notebook == "view" else f"lab-{args.notebook}"
+        done = f"{VISIBLE}.querySelectorAll('.jp-OutputArea-output').length >= {OUTPUTS[args.notebook]}"
+        (work / "live.ipynb").write_text(json.dumps(notebook(cells)))
+        (work / "executed.ipynb").write_text(json.dumps(notebook(cells)))
     subprocess.run([str(VENV_PY), "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
                     "--ExecutePreprocessor.timeout=600", str(work / "executed.ipynb")], check=True)
     port, token = free_port(), "rlgen-shots"
@@ -243,9 +267,8 @@ def main() -> None:
             page.locator(".jp-Notebook:visible .jp-Cell").first.click()
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_text("Run All Cells", exact=True).click()
-            visible = "[...document.querySelectorAll('.jp-Notebook')].find(n => n.checkVisibility())"
-            page.wait_for_function(f"{visible}.querySelectorAll('.jp-OutputArea-output').length >= {OUTPUTS[args.notebook]}", timeout=300_000)
-            page.wait_for_function(f"[...{visible}.querySelectorAll('.jp-InputArea-prompt')]"
+            page.wait_for_function(done, timeout=600_000)
+            page.wait_for_function(f"[...{VISIBLE}.querySelectorAll('.jp-InputArea-prompt')]"
                                    ".every(p => !p.textContent.includes('*'))", timeout=300_000)
             time.sleep(3)
             results["trusted"] = shoot(page, args.out, f"{prefix}-trusted")

@@ -44,32 +44,37 @@ _MEANINGS = (
 )
 
 
+_LEFT, _RIGHT = "style='text-align:left'", "style='text-align:right'"
+
+
 def summary_html(summary: dict[str, Any], *, title: str, notes: Sequence[str], missing: int,
                  probability: pd.DataFrame) -> str:
     """The HTML view: a title, the headline numbers with their meaning, notes, and the mismatch by
     sampled probability."""
     from ..rollouts._display import VIEW_STYLE
 
+    # Aligned inline too: JupyterLab strips <style> from outputs it did not make (right-aligning every cell).
     rows = "".join(
-        f"<tr><td><code>{html.escape(name)}</code></td><td class='rlgen-num'>{_number(summary.get(name))}</td>"
-        f"<td>{html.escape(meaning)}</td></tr>" for name, meaning in _MEANINGS)
+        f"<tr><td {_LEFT}><code>{html.escape(name)}</code></td><td class='rlgen-num' {_RIGHT}>"
+        f"{_number(summary.get(name))}</td><td {_LEFT}>{html.escape(meaning)}</td></tr>" for name, meaning in _MEANINGS)
     cap, lower, upper = summary["tis_cap"], summary["mis_lower"], summary["mis_upper"]
     facts = (f"log r = lp<sub>trainer</sub> − lp<sub>sampler</sub> over {summary['tokens']} sampled tokens in "
              f"{summary['rows_compared']} of {summary['rows']} rows ({missing} missing: a logprob NaN or infinite); "
              f"TIS cap {cap:g}, MIS bounds [{lower:g}, {upper:g}].")
     warn = "".join(f'<div style="color:#c80">{html.escape(n)}</div>' for n in notes)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ("p", "tokens", "mean log r", "mean |log r|", "k3", "TIS clips",
-                                                         "MIS masks"))
+    head = "".join(f"<th {_LEFT}>{html.escape(c)}</th>" for c in ("p", "tokens", "mean log r", "mean |log r|", "k3",
+                                                                 "TIS clips", "MIS masks"))
     body = "".join(
-        f"<tr><td>[{r.p_start:g}, {r.p_end:g})</td><td class='rlgen-num'>{int(r.tokens)}</td>"
-        + "".join(f"<td class='rlgen-num'>{_number(getattr(r, c))}</td>" for c in (
+        f"<tr><td {_LEFT}>[{r.p_start:g}, {r.p_end:g})</td><td class='rlgen-num' {_RIGHT}>{int(r.tokens)}</td>"
+        + "".join(f"<td class='rlgen-num' {_RIGHT}>{_number(getattr(r, c))}</td>" for c in (
             "log_ratio_mean", "abs_log_ratio_mean", "k3_mean", "tis_clip_fraction", "mis_mask_fraction")) + "</tr>"
         for r in probability.itertuples())
     table = (f"<div style='margin-top:6px'>by the token's sampled probability p</div>"
              f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>") if len(probability) else ""
     return (f'<div class="rlgen-rollouts" style="max-width:1000px">{VIEW_STYLE}'
             f'<div style="font-family:monospace;margin-bottom:4px">{html.escape(title)}</div>'
-            f"<table><thead><tr><th>metric</th><th>value</th><th>meaning</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"<table><thead><tr><th {_LEFT}>metric</th><th {_LEFT}>value</th><th {_LEFT}>meaning</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
             f'<div style="color:#666;font-size:90%;margin:4px 0">{facts}</div>{warn}{table}</div>')
 
 
