@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -673,6 +674,20 @@ def test_the_in_process_episodes_bench_weighs_each_piece_and_puts_it_back(model_
 # tokens, 2 repeats: too few runs for an interval, so every verdict is n/a) and its report again
 
 
+def run_offpolicy(args: list[str], model_path: str, out: Path, *, timeout: float) -> tuple[Any, dict[str, Any]]:
+    """bench/offpolicy.py on the CPU backend (4 prompts x 8 tokens, --quick) with `args`: the finished
+    process (exit 0 asserted) and its JSON."""
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "offpolicy.py"
+    done = subprocess.run([sys.executable, str(script), *args, "--backend", "cpu", "--quick", "--prompts", "4",
+                           "--max-new-tokens", "8", "--model", model_path, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done, json.loads(out.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_offpolicy_bench_runs_both_phases_on_the_cpu_backend_and_reports_again(isolated: str, model_path: str,
@@ -682,11 +697,7 @@ def test_offpolicy_bench_runs_both_phases_on_the_cpu_backend_and_reports_again(i
 
     script = Path(__file__).resolve().parents[1] / "bench" / "offpolicy.py"
     out = tmp_path / "offpolicy.json"
-    done = subprocess.run([sys.executable, str(script), "--backend", "cpu", "--quick", "--prompts", "4",
-                           "--max-new-tokens", "8", "--repeats", "2", "--model", model_path, "--out", str(out)],
-                          capture_output=True, text=True, timeout=140)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    data = json.loads(out.read_text())
+    done, data = run_offpolicy(["--repeats", "2"], model_path, out, timeout=140)
     assert data["complete"] and "error" not in data, data.get("error")
     assert data["sizes"]["stream_interval"] == 3 and data["trainer_model"]["push"] == "tensor"
     span = data["span"]["methods"]
@@ -736,17 +747,10 @@ def test_offpolicy_bench_runs_both_phases_on_the_cpu_backend_and_reports_again(i
 @pytest.mark.timeout(120)
 def test_offpolicy_bench_deterministic_phase_runs_the_off_arm_and_skips_on_on_the_cpu_backend(
         isolated: str, model_path: str, tmp_path: Path) -> None:
-    import json
     import math
-    import subprocess
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "offpolicy.py"
     out = tmp_path / "offpolicy.json"
-    done = subprocess.run([sys.executable, str(script), "--phases", "deterministic", "--backend", "cpu", "--quick",
-                           "--prompts", "4", "--max-new-tokens", "8", "--model", model_path, "--out", str(out)],
-                          capture_output=True, text=True, timeout=110)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    data = json.loads(out.read_text())
+    done, data = run_offpolicy(["--phases", "deterministic"], model_path, out, timeout=110)
     assert data["complete"] and "error" not in data, data.get("error")
     assert data["phases"] == ["deterministic"] and "span" not in data and "trainer" not in data
     phase = data["deterministic"]
