@@ -335,6 +335,11 @@ def test_the_repr_html_and_figure_show_the_numbers_and_thresholds() -> None:
     page = mm._repr_html_()
     assert "k3_kl" in page and "rollout_is_eff_sample_size" in page and "sampling_logp_difference/mean" in page
     assert "<script" not in page and "top_p=0.5" in page
+    # aligned inline, since JupyterLab strips <style> from an untrusted notebook's outputs: every cell
+    import re
+
+    cells = re.findall(r"<t[dh]( [^>]*)?>", page)
+    assert cells and all("text-align:" in (attrs or "") for attrs in cells), cells
     fig = mm.plot()
     assert len(fig.axes) == 4  # position, probability, histogram, staleness (two versions)
     labels = {t.get_text() for t in fig.axes[2].get_legend().get_texts()}
