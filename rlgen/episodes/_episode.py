@@ -54,7 +54,7 @@ from ._env import Environment, EnvReply, EpisodeEnv
 from ._result import EpisodeRecord, Turn
 from ._template import DeltaRenderer, RenderMemo, closing_ids, eos_id, first_prompt_ids
 
-__all__ = ["Episode", "EpisodeCall", "SampledTurn", "Tracer", "TurnPauses", "sample_turn", "text_ids"]
+__all__ = ["Episode", "EpisodeCall", "Kept", "SampledTurn", "Tracer", "TurnPauses", "sample_turn", "text_ids"]
 
 # Called, when a benchmark gives one, with an event, the episode's record and the turn:
 # "request" (the turn's request is about to be sent), "answer" (its answer was taken), "env" (the
