@@ -373,3 +373,19 @@ def test_the_view_colours_tokens_by_version_with_a_legend_and_refuses_a_result_w
     with pytest.raises(ValueError, match="no weight versions"):
         plain().view(color="version")
     assert np.asarray(res.tokens(0)["versions"]).tolist() == [0, 0, 1]
+
+
+def test_the_view_shows_the_version_columns_only_where_they_say_something() -> None:
+    """A call no weight update touched (one version, nothing stale) keeps them in the df, out of the
+    data cells; a row sampled across a push, or a stale one, shows them."""
+    res = three([[0, 0, 1], [2], [1, 1]])
+    columns = {"version_min": [0, 2, 1], "version_max": [1, 2, 1], "staleness": [2, 0, 1], "n_segments": [2, 1, 1]}
+    shown = res.with_columns(columns).view().html
+    assert "version_min" in shown and "n_segments" in shown
+    quiet = res.with_columns({"version_min": [0, 0, 0], "version_max": [0, 0, 0], "staleness": [0, 0, 0],
+                              "n_segments": [1, 1, 1]})
+    page = quiet.view().html
+    assert "version_min" not in page and "n_segments" not in page and "more columns" not in page
+    assert quiet.df.version_min.tolist() == [0, 0, 0]  # still in the df
+    stale = quiet.with_columns({"staleness": [0, 1, 0]})
+    assert "version_min" in stale.view().html

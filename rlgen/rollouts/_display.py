@@ -15,7 +15,7 @@ import html
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..core._columns import EPISODE_COLUMNS, adapter_of, reward_output_columns
+from ..core._columns import EPISODE_COLUMNS, VERSION_COLUMNS, adapter_of, reward_output_columns
 from ._episode_html import episode_cell, episodes_line, episodes_mask_note, episodes_repr, is_episodes, turns_html
 from ._token_html import (
     CELL_STYLE,
@@ -292,11 +292,22 @@ def _repeats_prompt(df: Any, column: str) -> bool:
     return True
 
 
+def _spans_versions(df: Any) -> bool:
+    """Whether the version columns say something: some row's tokens were sampled by more than one
+    version, or are stale. Else (a call no weight update touched) they stay in the df, out of the view."""
+    if "version_min" not in df.columns:
+        return False
+    stale = df["staleness"].gt(0).any() if "staleness" in df.columns else False
+    return bool(df["version_max"].gt(df["version_min"]).any() or stale)
+
+
 def _view_columns(r: RolloutsView) -> tuple[list[str], list[str], list[str], list[str]]:
     """(reward columns, data columns shown, data columns left out, data columns that repeat the prompt)."""
     written = set(reward_output_columns(r.df.columns))  # a verl `reward_model` column is data
     # An episode's own columns are in its cells; a sample's adapter is in its sample cell.
     hidden = (*_HIDDEN, *EPISODE_COLUMNS) if is_episodes(r) else (*_HIDDEN, "adapter")
+    if not _spans_versions(r.df):
+        hidden = (*hidden, *VERSION_COLUMNS)
     extra = [c for c in r.extra_columns if c not in hidden and not c.endswith(_HIDDEN_SUFFIXES)]
     rewards = [c for c in extra if c in written]
     rest = [c for c in extra if c not in written]
