@@ -242,8 +242,15 @@ async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int
         request, sampling = sample.next_request()
         rid, epoch = new_rid(), pauses.epoch
         segment = sample.open(rid, pauses.version)
+
+        async def ready(segment: Any = segment) -> None:
+            # As a job's (`engine._job_run`): the version is the one in force when the request
+            # leaves, after any pause it waited out at the gate (whose update then sampled none of it).
+            await pauses.ready()
+            segment.sent_version = pauses.version
+
         try:
-            entry, _ = await call.sender.sample(request, sampling, rid=rid, ready=pauses.ready)
+            entry, _ = await call.sender.sample(request, sampling, rid=rid, ready=ready)
         except RequestError as err:
             sample.drop_open()
             if await pauses.resend(err, epoch):
@@ -253,7 +260,8 @@ async def _continued_answer(call: EpisodeCall, pauses: TurnPauses, ids: list[int
         if answer.finish == "error" and not answer.ids() and pauses.epoch != epoch:
             sample.drop_open()  # a pause turned it away inside a batch that went on
             continue
-        sample.close(answer, answered_version=segment.sent_version, decode=decode)
+        named = None if call.version_of is None else call.version_of(answer.weight_version)
+        sample.close(answer, answered_version=named, decode=decode)
     kept = Kept(list(sample.versions), len(sample.segments), sample.kv(), sum(s.retractions for s in sample.segments))
     return sample.entry(decode), time.perf_counter() - started, kept
 

@@ -119,6 +119,12 @@ def test_a_push_under_abort_mid_turn_continues_every_turn(eng: rlgen.Engine, ref
     labels = sampled_versions(res)
     assert set(labels.tolist()) == {before, before + 1} and int((labels == before).sum()) > 0
     assert res.df.version_min.tolist() == [before] * 4 and res.df.version_max.tolist() == [before + 1] * 4
+    # the turn the pause cut: its tokens before the abort by the old version, its continuation (sent
+    # once the gate opened, after the push) by the new one
+    for r in res.records:
+        first = r.assistant_turns[0]["turn"]
+        cut = [v for v, t, m in zip(r.versions, r.turn_ids, r.loss_mask) if m and t == first]
+        assert cut[0] == before and cut[-1] == before + 1 and cut == sorted(cut), cut
     # as a GenerationJob's rows: how stale each row is now, its requests (the cut turn's two and the
     # others' one each), and what its tokens attended to (abort: the continuation recomputed its keys)
     assert res.df.staleness.tolist() == [1] * 4 and set(res.df.kv_staleness) == {"fresh"}
