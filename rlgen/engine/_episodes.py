@@ -36,7 +36,6 @@ from ..envs import adapt
 from ..episodes import EpisodeRecord, Episodes, as_environment, episodes_from_records, run_episodes
 from ..episodes._runner import episode_prompts
 from ._connection import Connection
-from ._job_run import _RESEND_WAIT_S, _turned_away
 from ._jobs import JobParts, job_html
 from ._pause import Pauses, shielded
 from ._provenance import Provenance
@@ -164,10 +163,7 @@ class _EpisodePauses:
         await self._pauses.wait_open()
 
     async def resend(self, error: RequestError, epoch: int) -> bool:
-        if not _turned_away(error, self._pauses.epoch != epoch):
-            return False
-        await asyncio.sleep(_RESEND_WAIT_S)
-        return True
+        return await self._pauses.resend_after(error, epoch)
 
     def updated(self, version: int, mode: str) -> None:
         """A weight update was made while the episodes run: nothing to record (a turn's request a

@@ -28,16 +28,13 @@ from ..client._answer import read_answer, sampled_ids
 from ..client._continuation import Boundary, Continued, Segment
 from ..client._http import Client
 from ..client._sender import Sender, abort_quietly, new_rid
-from ..core._errors import RequestError, ServerRequestError
+from ..core._errors import RequestError
 from ._pause import Pauses
 from ._served import ServedWeights
 
 __all__ = ["Group", "JobRun"]
 
-# Seconds a request turned away by a pause waits before it goes again (the gate holds this job's
-# own requests; another client's pause is waited out this way), and how long `stop` keeps aborting
-# requests that are still in flight before it gives up on them.
-_RESEND_WAIT_S = 0.2
+# How long `stop` keeps aborting requests that are still in flight before it gives up on them.
 _STOP_LIMIT_S = 30.0
 
 
@@ -180,9 +177,8 @@ class JobRun:
             sample.drop_open()
             return
         except RequestError as err:
-            if _turned_away(err, self.pauses.epoch != epoch):
+            if await self.pauses.resend_after(err, epoch):
                 sample.drop_open()
-                await asyncio.sleep(_RESEND_WAIT_S)
             else:
                 sample.end({"type": "error", "message": str(err)})
             return
@@ -240,12 +236,3 @@ class JobRun:
 
 class _Stopped(Exception):
     """A sample asked to stop before its request left."""
-
-
-def _turned_away(err: RequestError, paused_since: bool) -> bool:
-    """Whether a failed request was turned away by a pause (and goes again): HTTP 499 (SGLang's
-    answer to a request still in its tokenizer when a pause aborts everything), or a stream that
-    failed with an abort after a pause began."""
-    if isinstance(err, ServerRequestError) and err.status == 499:
-        return True
-    return paused_since and "abort" in str(err).lower()

@@ -29,13 +29,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ..core import _loop
-from ..core._errors import RequestError
+from ..core._errors import RequestError, ServerRequestError
 from ._memory import ServerControl
 from ._served import ServedWeights
 
-__all__ = ["Pauses", "Ticket", "UpdateListener", "shielded"]
+__all__ = ["RESEND_WAIT_S", "Pauses", "Ticket", "UpdateListener", "shielded"]
 
 T = TypeVar("T")
+# Seconds a request turned away by a pause waits before it goes again (the gate holds rlgen's own
+# requests; another client's pause is waited out this way).
+RESEND_WAIT_S = 0.2
 
 
 class UpdateListener(Protocol):
@@ -104,6 +107,18 @@ class Pauses:
     async def wait_open(self) -> None:
         """Return once generation may be sent (at once when no pause is in force)."""
         await self.gate.wait()
+
+    async def resend_after(self, err: RequestError, epoch: int) -> bool:
+        """Whether a request sent at pause epoch `epoch` that failed with `err` was turned away by a
+        pause, and so goes again (True, after `RESEND_WAIT_S`): HTTP 499 (SGLang's answer to a
+        request still in its tokenizer when a pause aborts everything), or a stream that failed
+        with an abort after a pause began. False: the failure is the request's own."""
+        paused_since = self.epoch != epoch
+        if not ((isinstance(err, ServerRequestError) and err.status == 499)
+                or (paused_since and "abort" in str(err).lower())):
+            return False
+        await asyncio.sleep(RESEND_WAIT_S)
+        return True
 
     @contextlib.contextmanager
     def pausing(self, mode: str | None, *, control: ServerControl, weights: ServedWeights) -> Iterator[Ticket]:
